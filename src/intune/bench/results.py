@@ -1,0 +1,79 @@
+"""The one JSON schema of benchmark results, the machine description, and table printing.
+
+Every ``intune bench ...`` writes ``{"machine": {...}, "results": [...]}`` through ``write_json`` so the
+schema lives in one place. It must not run benchmarks itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def machine_info() -> dict[str, Any]:
+    """CPUs this process may use (affinity and cgroup quota), memory limit, host, versions."""
+    info: dict[str, Any] = {
+        "host_cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        from intune import monitor
+
+        info["usable_cpus"] = monitor.available_cpus()
+        used, limit = monitor.memory_usage()
+        info["memory_limit_bytes"] = limit
+    except Exception:  # the monitor is optional for describing the machine
+        info["usable_cpus"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        import numpy
+
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def write_json(path: str | os.PathLike[str], results: Sequence[Mapping[str, Any]], **extra: Any) -> Path:
+    """Write ``{"machine": machine_info(), "results": results, **extra}`` to ``path``."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"machine": machine_info(), "results": [dict(r) for r in results], **extra}
+    out.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A plain-text table (markdown pipe style, so it pastes into the README)."""
+    if not rows:
+        return "(no results)"
+    columns = list(columns or rows[0].keys())
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(columns), sep, *(line(r) for r in cells)])
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)

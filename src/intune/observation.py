@@ -1,0 +1,95 @@
+"""The Observation and the Reward: what every policy sees and what the agent maximises.
+
+One definition shared by the simulator and the live tuner (DESIGN section 3), so a policy runs
+unchanged on both. Owns the layout and the reward formula; it must not read the machine or the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OOM_PENALTY = -10.0
+"""Reward of a tick that ended in an out-of-memory kill (in units of normalised throughput)."""
+
+MEMORY_SAFE_FRACTION = 0.85
+"""Memory use (fraction of the limit) where the reward's memory factor starts to fall."""
+
+
+@dataclass(frozen=True)
+class StageObservation:
+    """One stage, over the last tick."""
+
+    name: str
+    workers: int  # value of "<name>.workers" (0 if the stage has none)
+    buffer_mb: int  # value of "<name>.buffer_mb" (0 if the stage has none)
+    items_per_s: float  # chunks emitted per second
+    rows_per_s: float  # rows emitted per second
+    cpu_s_per_item: float  # CPU seconds per chunk (0 when nothing was emitted)
+    wall_s_per_item: float  # worker busy wall seconds per chunk (tf.data's per-element self time)
+    bytes_per_item: float  # mean bytes of an emitted chunk
+    busy: float  # busy fraction of worker time in [0, 1]
+    starved: float  # fraction of worker time waiting for input
+    blocked: float  # fraction of worker time waiting for room downstream
+    queue_fill: float  # output queue fullness in [0, 1]
+    buffered_bytes: float  # bytes held by this stage
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The whole pipeline and machine, over the last tick."""
+
+    tick: int
+    dt_s: float  # length of the tick
+    throughput: float  # rows/s delivered to the consumer
+    step_time_s: float  # consumer's step time ("model latency"); 0 when no consumer is attached
+    cpus: float  # CPUs this process may use now
+    memory_used_bytes: float
+    memory_limit_bytes: float
+    stages: tuple[StageObservation, ...]
+    cpu_ghz: float = 2.5  # static machine factor
+    mem_bandwidth_gbs: float = 20.0  # static machine factor
+    oom: bool = False  # the job was killed for memory during this tick
+    demand: float = 0.0  # rows/s the consumer could take (0 = unknown/unbounded)
+    host_memory_free_bytes: float = 0.0  # free memory of the host, blind to cgroups (what tf.data reads)
+
+    @property
+    def allocated_cpus(self) -> int:
+        return sum(s.workers for s in self.stages)
+
+    @property
+    def free_cpus(self) -> float:
+        return self.cpus - self.allocated_cpus
+
+    @property
+    def memory_fraction(self) -> float:
+        return self.memory_used_bytes / self.memory_limit_bytes if self.memory_limit_bytes > 0 else 0.0
+
+    @property
+    def free_memory_fraction(self) -> float:
+        return max(0.0, 1.0 - self.memory_fraction)
+
+    def stage(self, name: str) -> StageObservation:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(f"no stage {name!r}; stages are {[s.name for s in self.stages]}")
+
+
+def memory_factor(memory_fraction: float, safe: float = MEMORY_SAFE_FRACTION) -> float:
+    """1 up to ``safe`` of the limit, falling linearly to 0 at the limit."""
+    if memory_fraction <= safe:
+        return 1.0
+    if memory_fraction >= 1.0:
+        return 0.0
+    return (1.0 - memory_fraction) / (1.0 - safe)
+
+
+def reward(obs: Observation, scale: float) -> float:
+    """Throughput / ``scale`` times the memory factor; ``OOM_PENALTY`` on an OOM tick.
+
+    ``scale`` normalises throughput (e.g. the rows/s of the even split, or the consumer's demand) so that
+    rewards are comparable across pipelines.
+    """
+    if obs.oom:
+        return OOM_PENALTY
+    return (obs.throughput / scale if scale > 0 else 0.0) * memory_factor(obs.memory_fraction)

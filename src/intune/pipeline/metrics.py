@@ -1,0 +1,46 @@
+"""The engine's metrics snapshot: what ``Pipeline.metrics()`` returns.
+
+Owns the field names that the monitor, the tuner and the benchmarks read. Counters are cumulative
+since the pipeline was built (callers take differences between two snapshots); gauges are current.
+It must not compute rates over windows of its own beyond ``rows_per_s`` and ``consumer_step_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StageMetrics:
+    """One stage. Counters (items .. restarts) are cumulative; the rest are gauges."""
+
+    name: str
+    kind: str  # "read" | "shuffle" | "map" | "batch" | "prefetch" | "dedup" | ...
+    mode: str  # "thread" | "process" | "inline"
+    workers: int  # active (not parked) workers now
+    items: int  # chunks this stage has emitted
+    rows: int  # rows this stage has emitted
+    cpu_s: float  # CPU seconds spent by this stage's workers doing work
+    busy_s: float  # worker wall seconds spent doing work (tf.data's "self time")
+    starved_s: float  # worker wall seconds waiting for input
+    blocked_s: float  # worker wall seconds waiting for room downstream
+    queue_len: int  # items in this stage's output queue now
+    queue_capacity: int  # capacity of that queue in items (0 = bounded by bytes only)
+    queue_fill: float  # fullness of the output queue/buffer in [0, 1]
+    buffered_bytes: int  # bytes this stage holds now (output queue + internal buffer)
+    skipped: int = 0  # chunks skipped by on_error="skip"
+    restarts: int = 0  # process workers restarted after dying
+
+
+@dataclass(frozen=True)
+class PipelineMetrics:
+    """A snapshot of the whole pipeline."""
+
+    time_s: float  # time.monotonic() when taken
+    rows_out: int  # rows delivered to the consumer (cumulative)
+    batches_out: int  # batches delivered to the consumer (cumulative)
+    rows_per_s: float  # recent delivery rate (about the last second)
+    consumer_step_s: float  # recent mean time the consumer spends between batches ("model latency")
+    consumer_wait_s: float  # cumulative time the consumer waited inside next()
+    buffered_bytes: int  # sum over stages
+    stages: dict[str, StageMetrics] = field(default_factory=dict)

@@ -1,0 +1,36 @@
+"""Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), intune, oracle.
+
+``make(name)`` builds one by name; the classes live one per module so that each algorithm can be read
+on its own. The registry maps names to ``module:Class`` and imports lazily (the agent needs torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from intune.policies.base import ACTION_DELTAS, ClampResult, Policy, clamp_request, even_split
+
+_REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "none": ("intune.policies.static", "NonePolicy", {}),
+    "heuristic": ("intune.policies.static", "HeuristicPolicy", {}),
+    "autotune": ("intune.policies.autotune", "AutotunePolicy", {"adaptive": False}),
+    "autotune-adaptive": ("intune.policies.autotune", "AutotunePolicy", {"adaptive": True}),
+    "plumber": ("intune.policies.plumber", "PlumberPolicy", {"adaptive": False}),
+    "plumber-adaptive": ("intune.policies.plumber", "PlumberPolicy", {"adaptive": True}),
+    "intune": ("intune.agent.policy", "IntunePolicy", {}),
+    "oracle": ("intune.sim.oracle", "OraclePolicy", {}),
+}
+
+POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def make(name: str, **kwargs: Any) -> Policy:
+    """Build the policy called ``name`` (one of ``POLICY_NAMES``)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown policy {name!r}; choose one of {list(POLICY_NAMES)}")
+    module, cls, defaults = _REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)(**{**defaults, **kwargs})
+
+
+__all__ = ["ACTION_DELTAS", "ClampResult", "POLICY_NAMES", "Policy", "clamp_request", "even_split", "make"]

@@ -1,0 +1,103 @@
+"""The Policy contract and the runner-side clamp that every policy's request passes through.
+
+A policy sees knobs and observations only (DESIGN section 3): it never knows whether the native
+engine, the simulator or an adapter is underneath. This module owns the protocol, the incremental
+action set and ``clamp_request``; it must not hold any policy's algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from intune.knobs import Knob
+from intune.observation import Observation
+
+ACTION_DELTAS: tuple[int, ...] = (-5, -1, 0, 1, 5)
+"""The paper's incremental action space, per knob."""
+
+MB = 1 << 20
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Decides knob values. ``reset`` once, then ``step`` every tick."""
+
+    name: str
+
+    def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
+        """Start (or restart) on these knobs; ``observation`` is the first one."""
+
+    def step(self, observation: Observation) -> dict[str, int]:
+        """Return ``{knob_name: new_value}`` for the knobs to change (may be empty)."""
+
+
+@dataclass(frozen=True)
+class ClampResult:
+    """What a policy asked for, and what the runner applied after clamping."""
+
+    requested: dict[str, int]
+    applied: dict[str, int]  # only knobs whose value changes
+
+    @property
+    def clipped(self) -> dict[str, tuple[int, int]]:
+        """Knobs whose applied value differs from the request: name -> (requested, applied)."""
+        return {
+            k: (v, self.applied.get(k, v))
+            for k, v in self.requested.items()
+            if k in self.applied and self.applied[k] != v
+        }
+
+
+def clamp_request(
+    knobs: Mapping[str, Knob],
+    requested: Mapping[str, int],
+    cpus: float,
+    memory_free_bytes: float,
+) -> ClampResult:
+    """Clamp a policy's request to knob bounds, to the CPUs and to the free memory.
+
+    - every value is clamped to its knob's ``[min, max]``; unknown knob names raise ``ValueError``;
+    - the sum of ``cpu`` knobs may not exceed ``max(cpus, sum of minimums)``: increases are granted in
+      the order requested until the CPUs run out (decreases always pass);
+    - ``mb`` knobs may grow only by what ``memory_free_bytes`` allows.
+    """
+    unknown = [k for k in requested if k not in knobs]
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown}; knobs are {sorted(knobs)}")
+    current = {name: k.value for name, k in knobs.items()}
+    target = {name: knobs[name].clamp(v) for name, v in requested.items()}
+
+    cpu_names = [n for n, k in knobs.items() if k.unit == "cpu"]
+    cpu_cap = max(int(cpus), sum(knobs[n].min for n in cpu_names))
+    # decreases first, then increases while the budget lasts
+    total = sum(min(target.get(n, current[n]), current[n]) for n in cpu_names)
+    for name in cpu_names:
+        if name in target and target[name] > current[name]:
+            grant = min(target[name] - current[name], max(0, cpu_cap - total))
+            target[name] = current[name] + grant
+            total += grant
+
+    mem_budget = max(0.0, memory_free_bytes)
+    for name, value in list(target.items()):
+        if knobs[name].unit == "mb" and value > current[name]:
+            grant = min(value - current[name], int(mem_budget // MB))
+            target[name] = current[name] + grant
+            mem_budget -= grant * MB
+
+    applied = {n: v for n, v in target.items() if v != current[n]}
+    return ClampResult(requested=dict(requested), applied=applied)
+
+
+def even_split(knobs: Mapping[str, Knob], cpus: float) -> dict[str, int]:
+    """CPUs divided evenly over the ``cpu`` knobs (the paper's Heuristic, InTune's starting point).
+
+    The remainder goes to the first stages; each knob stays within its bounds. ``mb`` knobs keep their
+    values.
+    """
+    names = [n for n, k in knobs.items() if k.unit == "cpu"]
+    if not names:
+        return {}
+    base, extra = divmod(max(int(cpus), len(names)), len(names))
+    return {n: knobs[n].clamp(base + (1 if i < extra else 0)) for i, n in enumerate(names)}

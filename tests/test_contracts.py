@@ -1,0 +1,75 @@
+"""The shared contracts: Knob bounds, the runner's clamp, even split, the reward."""
+
+import pytest
+
+from intune.knobs import Knob
+from intune.observation import OOM_PENALTY, Observation, memory_factor, reward
+from intune.policies import clamp_request, even_split, make
+
+
+def _knobs(**spec):
+    store = {}
+    knobs = {}
+    for name, (unit, lo, hi, v) in spec.items():
+        store[name] = v
+        knobs[name] = Knob(name, unit, lo, hi, get=lambda n=name: store[n], set=lambda x, n=name: store.__setitem__(n, x))
+    return knobs, store
+
+
+def test_knob_set_validates_and_names_range():
+    knobs, store = _knobs(**{"udf.workers": ("cpu", 1, 8, 1)})
+    knobs["udf.workers"].set(3)
+    assert store["udf.workers"] == 3 and knobs["udf.workers"].value == 3
+    with pytest.raises(ValueError, match=r"udf.workers.*\[1, 8\]"):
+        knobs["udf.workers"].set(9)
+    with pytest.raises(ValueError, match="integer"):
+        knobs["udf.workers"].set(2.5)
+    assert knobs["udf.workers"].stage == "udf" and knobs["udf.workers"].setting == "workers"
+
+
+def test_knob_rejects_bad_definition():
+    with pytest.raises(ValueError, match="unit"):
+        Knob("a.workers", "gpu", 1, 2, get=lambda: 1, set=lambda v: None)
+    with pytest.raises(ValueError, match="min <= max"):
+        Knob("a.workers", "cpu", 3, 2, get=lambda: 1, set=lambda v: None)
+
+
+def test_clamp_respects_bounds_cpus_and_memory():
+    knobs, _ = _knobs(
+        **{
+            "read.workers": ("cpu", 1, 16, 1),
+            "udf.workers": ("cpu", 1, 16, 1),
+            "prefetch.buffer_mb": ("mb", 1, 1024, 8),
+        }
+    )
+    # 4 CPUs: 2 already used, so only 2 more workers can be granted, in request order
+    r = clamp_request(knobs, {"read.workers": 2, "udf.workers": 5}, cpus=4, memory_free_bytes=1 << 30)
+    assert r.applied == {"read.workers": 2, "udf.workers": 2}
+    assert r.clipped == {"udf.workers": (5, 2)}
+    # a decrease frees CPUs for an increase in the same request
+    r = clamp_request(knobs, {"read.workers": 1, "udf.workers": 3}, cpus=4, memory_free_bytes=0)
+    assert r.applied == {"udf.workers": 3}
+    # buffers grow only by free memory (10 MB free -> 8 + 10)
+    r = clamp_request(knobs, {"prefetch.buffer_mb": 500}, cpus=4, memory_free_bytes=10 * (1 << 20))
+    assert r.applied == {"prefetch.buffer_mb": 18}
+    with pytest.raises(ValueError, match="unknown knob"):
+        clamp_request(knobs, {"nope.workers": 1}, cpus=4, memory_free_bytes=0)
+
+
+def test_even_split_hands_out_remainder_first():
+    knobs, _ = _knobs(**{f"s{i}.workers": ("cpu", 1, 64, 1) for i in range(3)}, **{"p.buffer_mb": ("mb", 1, 64, 4)})
+    assert even_split(knobs, 8) == {"s0.workers": 3, "s1.workers": 3, "s2.workers": 2}
+    assert even_split(knobs, 2) == {"s0.workers": 1, "s1.workers": 1, "s2.workers": 1}
+
+
+def test_reward_memory_factor_and_oom():
+    base = dict(tick=0, dt_s=1.0, throughput=100.0, step_time_s=0.0, cpus=2, stages=())
+    assert reward(Observation(memory_used_bytes=10, memory_limit_bytes=100, **base), scale=50) == 2.0
+    assert memory_factor(0.925) == pytest.approx(0.5)
+    assert reward(Observation(memory_used_bytes=100, memory_limit_bytes=100, **base), scale=50) == 0.0
+    assert reward(Observation(memory_used_bytes=1, memory_limit_bytes=100, oom=True, **base), scale=50) == OOM_PENALTY
+
+
+def test_unknown_policy_names_choices():
+    with pytest.raises(ValueError, match="heuristic"):
+        make("nonsense")
