@@ -81,7 +81,9 @@ def test_readers_reread_every_call(tree):
     (job / "memory/jobs/job2").mkdir()
     (job / "memory/jobs/job2/memory.limit_in_bytes").write_text(f"{256 * MiB}\n")
     (job / "memory/jobs/job2/memory.usage_in_bytes").write_text(f"{200 * MiB}\n")
-    (root / "proc/self/cgroup").write_text("4:memory:/jobs/job2\n3:cpuset:/jobs/job1\n2:cpu,cpuacct:/jobs/job1\n")
+    (root / "proc/self/cgroup").write_text(
+        "4:memory:/jobs/job2\n3:cpuset:/jobs/job1\n2:cpu,cpuacct:/jobs/job1\n"
+    )
     assert monitor.memory_usage(root) == (200 * MiB, 256 * MiB)  # no memory.stat: nothing subtracted
 
 
@@ -127,7 +129,10 @@ def test_this_machine():
     assert monitor.host_free_memory() > 0
     assert monitor.process_tree_rss() > 1 * MiB
     sample = monitor.Monitor().sample()
-    assert sample.cpus == cpus and sample.memory_free_bytes == sample.memory_limit_bytes - sample.memory_used_bytes
+    assert (
+        sample.cpus == cpus
+        and sample.memory_free_bytes == sample.memory_limit_bytes - sample.memory_used_bytes
+    )
 
 
 def test_process_tree_counts_children_and_shared_memory_once():

@@ -1,0 +1,326 @@
+"""The live tuner: runs a policy on a running pipeline, one decision per tick, on a background thread.
+
+Owns the online loop of DESIGN section 1: every tick it snapshots the engine's metrics and the
+machine, builds the Observation, lets the policy decide, clamps the request to the knobs' bounds and
+to the free CPUs and memory, applies it, and records the tick. It also feeds rewards to policies that
+learn online (an ``observe(observation, reward)`` method). It must never raise into the consumer: a
+failing policy or monitor leaves the pipeline at its last allocation and is logged once. It must not
+hold any policy's algorithm or read cgroup files itself (the monitor does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from intune.knobs import Knob
+from intune.live_observation import observe
+from intune.monitor import MachineSample, Monitor
+from intune.observation import Observation, reward
+from intune.policies import Policy, clamp_request, make
+
+log = logging.getLogger(__name__)
+
+
+class Tuner:
+    """A pipeline under a policy. Iterate it for the pipeline's batches; close it (or use ``with``) to stop.
+
+    The tuning thread starts at the first iteration (or ``start()``), so the first tick measures a
+    pipeline that is delivering data. The first measured tick with a positive throughput sets the
+    reward scale unless ``reward_scale`` is given.
+    """
+
+    def __init__(
+        self,
+        pipe: Any,
+        policy: Policy,
+        tick_s: float = 1.0,
+        reward_scale: float | None = None,
+        monitor: Monitor | None = None,
+    ) -> None:
+        if tick_s <= 0:
+            raise ValueError(f"tick_s must be > 0, got {tick_s}")
+        if reward_scale is not None and reward_scale <= 0:
+            raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
+        self.pipeline = pipe
+        self.policy = policy
+        self.tick_s = float(tick_s)
+        self.reward_scale = reward_scale
+        self.monitor = monitor or Monitor()
+        self._history: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures: dict[str, int] = {}  # where -> count; the first one is logged
+        self._decision_ms: list[float] = []
+        self._learn_ms: list[float] = []
+        self._thread_cpu_s = 0.0
+        self._started_at: float | None = None
+        self._stopped_at: float | None = None
+
+    # -- the consumer's side -----------------------------------------------------------------------
+
+    @property
+    def knobs(self) -> Mapping[str, Knob]:
+        return self.pipeline.knobs
+
+    def __iter__(self) -> Iterator[Any]:
+        self.start()
+        yield from self.pipeline
+
+    def start(self) -> Tuner:
+        """Start the tuning thread (idempotent; a closed tuner does not restart)."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name="intune-tuner", daemon=True)
+            self._started_at = time.monotonic()
+            self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the tuning thread (it wakes at once), then close the pipeline."""
+        self.stop(timeout_s)
+        self.pipeline.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop tuning but leave the pipeline running at its current allocation."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("intune tuner thread did not stop within %.1f s", timeout_s)
+
+    def __enter__(self) -> Tuner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- results -----------------------------------------------------------------------------------
+
+    def history(self) -> list[dict[str, Any]]:
+        """One dict per tick: tick, time, knobs, throughput, memory, cpus, reward, requested, applied, ..."""
+        with self._lock:
+            return [dict(row) for row in self._history]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the history as JSON lines (one tick per line)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w") as f:
+            for row in self.history():
+                f.write(json.dumps(row) + "\n")
+        return out
+
+    def overhead(self) -> dict[str, float]:
+        """What tuning costs: decision time (policy.step + clamp) and the thread's CPU use.
+
+        ``cpu_fraction`` is the tuning thread's CPU seconds over the wall time it ran (1.0 = a core).
+        """
+        with self._lock:
+            ms = sorted(self._decision_ms)
+            learn = list(self._learn_ms)
+            cpu_s = self._thread_cpu_s
+        if self._started_at is None:
+            wall = 0.0
+        else:
+            wall = (self._stopped_at or time.monotonic()) - self._started_at
+        return {
+            "decisions": float(len(ms)),
+            "decision_ms_mean": sum(ms) / len(ms) if ms else 0.0,
+            "decision_ms_p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else 0.0,
+            "decision_ms_max": ms[-1] if ms else 0.0,
+            "learn_ms_mean": sum(learn) / len(learn) if learn else 0.0,
+            "thread_cpu_s": cpu_s,
+            "wall_s": wall,
+            "cpu_fraction": cpu_s / wall if wall > 0 else 0.0,
+        }
+
+    @property
+    def failures(self) -> dict[str, int]:
+        """How many ticks failed, by where (``monitor``, ``policy``, ``apply``, ``learn``)."""
+        with self._lock:
+            return dict(self._failures)
+
+    # -- the tuning thread -------------------------------------------------------------------------
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        """Count a failure; log the first one of each kind with its traceback, never raise."""
+        with self._lock:
+            count = self._failures.get(where, 0) + 1
+            self._failures[where] = count
+        if count == 1:
+            log.error(
+                "intune tuner: %s failed (%s: %s); the pipeline keeps its current allocation. "
+                "Further %s failures are counted in Tuner.failures, not logged.",
+                where,
+                type(exc).__name__,
+                exc,
+                where,
+                exc_info=exc,
+            )
+
+    def _pipeline_closed(self) -> bool:
+        return bool(getattr(self.pipeline, "closed", False))
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        try:
+            self._loop(cpu0)
+        finally:
+            with self._lock:
+                self._thread_cpu_s = time.thread_time() - cpu0
+            self._stopped_at = time.monotonic()
+
+    def _loop(self, cpu0: float) -> None:
+        prev = None
+        tick = 0
+        reset_done = False
+        while True:
+            if prev is None:
+                try:
+                    prev = self.pipeline.metrics()
+                except Exception as exc:  # noqa: BLE001 - the consumer must never see it
+                    if self._pipeline_closed():
+                        return
+                    self._fail("monitor", exc)
+            if self._stop.wait(self.tick_s) or self._pipeline_closed():
+                return
+            if prev is None:
+                continue
+            try:
+                cur = self.pipeline.metrics()
+                machine = self.monitor.sample()
+                obs = observe(
+                    prev,
+                    cur,
+                    self.knobs,
+                    tick,
+                    machine.cpus,
+                    machine.memory_used_bytes,
+                    machine.memory_limit_bytes,
+                    machine.host_free_bytes,
+                )
+            except Exception as exc:  # noqa: BLE001
+                if self._pipeline_closed():
+                    return
+                self._fail("monitor", exc)
+                prev = None
+                continue
+            prev = cur
+            row = self._tick(obs, machine, first=not reset_done)
+            reset_done = reset_done or row.pop("_reset_ok")
+            with self._lock:
+                self._history.append(row)
+                self._thread_cpu_s = time.thread_time() - cpu0
+            tick += 1
+
+    def _tick(self, obs: Observation, machine: MachineSample, first: bool) -> dict[str, Any]:
+        """One decision: reward and learning, then policy, clamp and apply. Returns the history row."""
+        if self.reward_scale is None and obs.throughput > 0:
+            self.reward_scale = obs.throughput
+        r = reward(obs, self.reward_scale or 0.0)
+        learn = getattr(self.policy, "observe", None)
+        if learn is not None and not first:
+            t0 = time.perf_counter()
+            try:
+                learn(obs, r)
+            except Exception as exc:  # noqa: BLE001
+                self._fail("learn", exc)
+            with self._lock:
+                self._learn_ms.append((time.perf_counter() - t0) * 1e3)
+
+        requested: dict[str, int] = {}
+        applied: dict[str, int] = {}
+        decision_ms = None
+        reset_ok = not first
+        error = None
+        try:
+            t0 = time.perf_counter()
+            if first:
+                self.policy.reset(self.knobs, obs)
+                reset_ok = True
+                t0 = time.perf_counter()  # reset is a one-off, not a decision
+            requested = {k: int(v) for k, v in (self.policy.step(obs) or {}).items()}
+            clamped = clamp_request(self.knobs, requested, machine.cpus, machine.memory_free_bytes)
+            decision_ms = (time.perf_counter() - t0) * 1e3
+            with self._lock:
+                self._decision_ms.append(decision_ms)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("policy", exc)
+            error = f"policy: {type(exc).__name__}: {exc}"
+            clamped = None
+        if clamped is not None:
+            # decreases first, so a CPU moved between stages never oversubscribes on the way
+            order = sorted(clamped.applied.items(), key=lambda kv: kv[1] - self.knobs[kv[0]].value)
+            for name, value in order:
+                try:
+                    self.knobs[name].set(value)
+                    applied[name] = value
+                except Exception as exc:  # noqa: BLE001
+                    self._fail("apply", exc)
+                    error = f"apply {name}={value}: {type(exc).__name__}: {exc}"
+        return {
+            "tick": obs.tick,
+            "time": time.time(),
+            "elapsed_s": time.monotonic() - (self._started_at or time.monotonic()),
+            "dt_s": obs.dt_s,
+            "knobs": {name: knob.value for name, knob in self.knobs.items()},
+            "throughput": obs.throughput,
+            "step_time_s": obs.step_time_s,
+            "memory_used": obs.memory_used_bytes,
+            "memory_limit": obs.memory_limit_bytes,
+            "host_free": obs.host_memory_free_bytes,
+            "cpus": obs.cpus,
+            "reward": r,
+            "requested": requested,
+            "applied": applied,
+            "decision_ms": decision_ms,
+            "error": error,
+            "stages": {
+                s.name: {
+                    "rows_per_s": s.rows_per_s,
+                    "busy": round(s.busy, 4),
+                    "starved": round(s.starved, 4),
+                    "blocked": round(s.blocked, 4),
+                    "queue_fill": round(s.queue_fill, 4),
+                    "buffered_bytes": s.buffered_bytes,
+                }
+                for s in obs.stages
+            },
+            "_reset_ok": reset_ok,
+        }
+
+
+def tune(
+    pipe: Any,
+    policy: str | Policy = "intune",
+    tick_s: float = 1.0,
+    reward_scale: float | None = None,
+    monitor: Monitor | None = None,
+    **policy_kwargs: Any,
+) -> Tuner:
+    """Run ``policy`` (a name for ``intune.policies.make`` or an instance) on ``pipe`` every ``tick_s``.
+
+    Returns a ``Tuner``: iterate it in place of the pipeline; the policy starts deciding at the first
+    batch. ``policy_kwargs`` go to ``make`` and are refused with an instance.
+    """
+    if isinstance(policy, str):
+        policy = make(policy, **policy_kwargs)
+    elif policy_kwargs:
+        raise TypeError(
+            f"policy arguments {sorted(policy_kwargs)} only apply to a policy name, not to an instance"
+        )
+    return Tuner(pipe, policy, tick_s=tick_s, reward_scale=reward_scale, monitor=monitor)
+
+
+__all__ = ["Tuner", "tune"]
