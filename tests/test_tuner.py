@@ -322,3 +322,31 @@ def test_tune_argument_errors():
         tune(pipe, "nonsense")
     with pytest.raises(ValueError, match="tick_s"):
         Tuner(pipe, AskOnce({}), tick_s=0)
+
+
+# -- intune report ---------------------------------------------------------------------------------
+
+
+def test_report_plots_a_saved_history(tmp_path, capsys):
+    from intune.cli import main
+
+    pipe = FakePipeline(n_batches=10_000)
+    with tune(pipe, AskOnce({"udf.workers": 3}), tick_s=0.02, monitor=_monitor()) as tuner:
+        for _ in tuner:
+            if len(tuner.history()) >= 4:
+                break
+    history = tuner.save(tmp_path / "h.jsonl")
+    assert main(["report", str(history), "--out", str(tmp_path / "h.png")]) == 0
+    png = (tmp_path / "h.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    out = capsys.readouterr().out
+    assert "udf.workers=3" in out and "ticks" in out
+
+
+def test_report_names_a_malformed_line(tmp_path):
+    from intune.bench.report import load_history
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"tick": 0}\n{not json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl: line 2"):
+        load_history(path)
