@@ -167,3 +167,70 @@ def test_process_tree_counts_children_and_shared_memory_once():
     # 64 MiB mapped by two processes, plus the child's interpreter (~10-30 MB): PSS counts it once,
     # RSS would count 128 MiB + the interpreter
     assert 64 * MiB < grown < 110 * MiB
+
+
+def test_real_cgroup_v1_child_with_a_memory_limit():
+    """On this machine: a child process moved into a child memory cgroup sees that cgroup's limit."""
+    import subprocess
+    import sys
+    import uuid
+
+    version, dirs = monitor._cgroup_dirs("/", "memory", "memory.max")
+    if version != "v1" or not dirs:
+        pytest.skip("needs a cgroup v1 memory hierarchy (this machine's layout)")
+    child_cg = dirs[0] / f"intune-test-{uuid.uuid4().hex[:8]}"
+    try:
+        child_cg.mkdir()
+        (child_cg / "memory.limit_in_bytes").write_text(str(512 * MiB))
+    except OSError as exc:
+        pytest.skip(f"cannot create a child memory cgroup under {dirs[0]}: {exc}")
+    try:
+        code = (
+            "import os, sys; from intune import monitor;"
+            "open(sys.argv[1], 'w').write(str(os.getpid()));"
+            "ballast = bytearray(64 << 20);"  # 64 MiB of anonymous memory, touched
+            "print(*monitor.memory_usage())"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(child_cg / "cgroup.procs")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        used, limit = map(int, out.stdout.split())
+    finally:
+        child_cg.rmdir()
+    assert limit == 512 * MiB
+    assert 64 * MiB < used < 256 * MiB  # the ballast, charged after the move, plus a little
+
+
+def test_affinity_change_is_seen_from_another_thread():
+    """The tuner reads CPUs on its own thread; the job restricts the main thread's affinity."""
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    # the reading thread exists before the change, so it keeps its own (wider) affinity
+    code = """
+import os, threading
+from intune import monitor
+seen, go = [], threading.Event()
+def read():
+    seen.append(monitor.available_cpus())
+    go.wait()
+    seen.append(monitor.available_cpus())
+th = threading.Thread(target=read)
+th.start()
+while not seen:
+    pass
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+go.set()
+th.join()
+print(*seen)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    before, after = map(float, out.stdout.split())
+    assert before == monitor.available_cpus() and after == 1.0
