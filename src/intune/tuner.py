@@ -154,7 +154,12 @@ class Tuner:
     # -- the tuning thread -------------------------------------------------------------------------
 
     def _fail(self, where: str, exc: BaseException) -> None:
-        """Count a failure; log the first one of each kind with its traceback, never raise."""
+        """Count a failure; log the first one of each kind with its traceback, never raise.
+
+        Failures while the pipeline is closing are expected (its knobs and metrics go away): not logged.
+        """
+        if self._pipeline_closed():
+            return
         with self._lock:
             count = self._failures.get(where, 0) + 1
             self._failures[where] = count
