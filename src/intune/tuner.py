@@ -175,7 +175,11 @@ class Tuner:
             )
 
     def _pipeline_closed(self) -> bool:
-        return bool(getattr(self.pipeline, "closed", False))
+        # ``closed`` is the public flag; the engine's Pipeline keeps it as ``_closed`` for now
+        closed = getattr(self.pipeline, "closed", None)
+        if closed is None:
+            closed = getattr(self.pipeline, "_closed", False)
+        return bool(closed)
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
