@@ -1,1 +1,12 @@
-"""TODO"""
+"""The pipeline engine: ``Pipeline`` and the errors a consumer may see.
+
+Modules: ``engine`` (the builder, epochs, knobs, metrics), ``stages`` (what each stage does),
+``pool`` (resizable worker pools), ``procworker`` and ``shm`` (process workers over shared memory),
+``channel`` (bounded, ordered queues), ``shuffle`` and ``batcher`` (pure algorithms), ``sources`` and
+``criteo`` (readers), ``metrics`` (the snapshot contract).
+"""
+
+from intune.pipeline.engine import Pipeline
+from intune.pipeline.errors import PipelineError, SourceError, StageError, WorkerLostError
+
+__all__ = ["Pipeline", "PipelineError", "SourceError", "StageError", "WorkerLostError"]

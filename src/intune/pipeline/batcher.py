@@ -1,0 +1,76 @@
+"""Rebatching: chunks of any size in, batches of exactly ``batch_rows`` rows out (the last may be short).
+
+Owns the algorithm only (pure, single-threaded): a chunk that already is one batch passes without a
+copy; otherwise slices are concatenated column by column. Provenance (``Origin``) is sliced and merged
+alongside. It must not know about threads or channels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from intune.pipeline.chunks import Chunk, Origin, Segment, merge_origins, num_rows
+
+
+def slice_origin(origin: Origin, lo: int, hi: int) -> Origin:
+    if origin.row_ids is not None:
+        return Origin((), origin.row_ids[lo:hi], origin.table)
+    if len(origin.segments) == 1:
+        s = origin.segments[0]
+        return Origin((Segment(s.source, s.unit, s.lo + lo, s.lo + hi),))
+    return origin
+
+
+class Batcher:
+    def __init__(self, batch_rows: int, drop_last: bool) -> None:
+        self.batch_rows = batch_rows
+        self.drop_last = drop_last
+        self._pending: list[tuple[Chunk, Origin]] = []
+        self._rows = 0
+        self.nbytes = 0
+
+    def add(self, chunk: Chunk, origin: Origin) -> list[tuple[Chunk, Origin]]:
+        rows = num_rows(chunk)
+        if rows == 0:
+            return []
+        if not self._pending and rows == self.batch_rows:
+            return [(chunk, origin)]
+        self._pending.append((chunk, origin))
+        self._rows += rows
+        self.nbytes += sum(c.nbytes for c in chunk.values())
+        out = []
+        while self._rows >= self.batch_rows:
+            out.append(self._take(self.batch_rows))
+        return out
+
+    def flush(self) -> list[tuple[Chunk, Origin]]:
+        if self._rows == 0 or self.drop_last:
+            self._pending, self._rows, self.nbytes = [], 0, 0
+            return []
+        return [self._take(self._rows)]
+
+    def _take(self, n: int) -> tuple[Chunk, Origin]:
+        pieces: list[Chunk] = []
+        origins: list[Origin] = []
+        need = n
+        while need:
+            chunk, origin = self._pending[0]
+            rows = num_rows(chunk)
+            if rows <= need:
+                pieces.append(chunk)
+                origins.append(origin)
+                self._pending.pop(0)
+                self.nbytes -= sum(c.nbytes for c in chunk.values())
+                need -= rows
+            else:
+                pieces.append({k: v[:need] for k, v in chunk.items()})
+                origins.append(slice_origin(origin, 0, need))
+                rest = {k: v[need:] for k, v in chunk.items()}
+                self._pending[0] = (rest, slice_origin(origin, need, rows))
+                self.nbytes -= sum(v[:need].nbytes for v in chunk.values())
+                need = 0
+        self._rows -= n
+        if len(pieces) == 1:
+            return pieces[0], origins[0]
+        batch = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+        return batch, merge_origins(origins)

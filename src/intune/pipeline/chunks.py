@@ -1,0 +1,148 @@
+"""Chunks: the columnar unit that flows between stages, and where its rows came from.
+
+A chunk is a ``dict[str, numpy.ndarray]``. Sources guarantee equal-length columns; a map stage placed
+after ``batch`` may change lengths (a dedup stage emits unique rows plus inverse indices), so nothing
+here re-validates after a map. ``Origin`` records which source rows a chunk holds, cheaply (ranges or
+a row-id array), and is only turned into words when an error needs it. This module must not know
+about threads, queues or stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from intune.pipeline.errors import SourceError
+
+Chunk = dict[str, np.ndarray]
+
+
+def validate_chunk(chunk: Any, where: str) -> Chunk:
+    """Check that a source produced equal-length numpy columns; raise ``SourceError`` naming ``where``."""
+    if not isinstance(chunk, Mapping):
+        raise SourceError(f"{where}: a chunk must be a dict of numpy arrays, got {type(chunk).__name__}")
+    if not chunk:
+        raise SourceError(f"{where}: a chunk must have at least one column")
+    out: Chunk = {}
+    length = -1
+    for name, column in chunk.items():
+        array = column if isinstance(column, np.ndarray) else np.asarray(column)
+        if array.ndim == 0:
+            raise SourceError(f"{where}: column {name!r} is a scalar, not an array")
+        if length < 0:
+            length = len(array)
+        elif len(array) != length:
+            lengths = {n: len(c) for n, c in chunk.items()}
+            raise SourceError(f"{where}: columns have unequal lengths {lengths}")
+        out[str(name)] = array
+    return out
+
+
+def num_rows(chunk: Mapping[str, np.ndarray]) -> int:
+    """Rows of a chunk: the length of its first column (0 for an empty dict)."""
+    for column in chunk.values():
+        return len(column)
+    return 0
+
+
+def nbytes(chunk: Mapping[str, Any]) -> int:
+    """Bytes the chunk's arrays occupy (views count their own extent)."""
+    total = 0
+    for column in chunk.values():
+        total += getattr(column, "nbytes", 0)
+    return total
+
+
+class SourceDescriber(Protocol):
+    """What a source offers to turn a (unit, row range) back into words, lazily."""
+
+    def describe(self, unit: int, lo: int, hi: int) -> str: ...
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows [lo, hi) of read unit ``unit`` of a source (a Parquet row group, a TSV byte block)."""
+
+    source: SourceDescriber
+    unit: int
+    lo: int
+    hi: int
+
+    def describe(self) -> str:
+        return self.source.describe(self.unit, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Which source rows a chunk holds.
+
+    Before a shuffle a chunk is a few contiguous ``segments``; after it, ``row_ids`` (epoch-global
+    row numbers) with ``table`` mapping them back to segments. Formatting is lazy and only on errors.
+    """
+
+    segments: tuple[Segment, ...] = ()
+    row_ids: np.ndarray | None = None
+    table: RowTable | None = None
+
+    def describe(self, limit: int = 4) -> str:
+        segments = list(self.segments)
+        if self.row_ids is not None and self.table is not None:
+            segments = self.table.segments_of(self.row_ids)
+        if not segments:
+            return "rows of unknown origin"
+        words = [s.describe() for s in segments[:limit]]
+        if len(segments) > limit:
+            words.append(f"and {len(segments) - limit} more ranges")
+        return "; ".join(words)
+
+
+def merge_origins(origins: Sequence[Origin]) -> Origin:
+    """The origin of a chunk built by concatenating chunks (a batch)."""
+    if len(origins) == 1:
+        return origins[0]
+    ids = [o.row_ids for o in origins if o.row_ids is not None]
+    table = next((o.table for o in origins if o.table is not None), None)
+    segments = tuple(s for o in origins for s in o.segments)
+    if ids:
+        return Origin(segments, np.concatenate(ids), table)
+    return Origin(segments)
+
+
+class RowTable:
+    """Epoch-global row numbers assigned in read order, mapped back to source segments.
+
+    The shuffle stage appends one entry per chunk it receives (cheap) and carries row ids per row;
+    ``segments_of`` runs only when an error message is written.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._segments: list[Segment] = []
+        self.total = 0
+
+    def add(self, origin: Origin, rows: int) -> int:
+        """Register a chunk of ``rows`` rows; return the global id of its first row."""
+        start = self.total
+        if origin.segments:
+            offset = start
+            for segment in origin.segments:
+                self._starts.append(offset)
+                self._segments.append(segment)
+                offset += segment.hi - segment.lo
+        self.total += rows
+        return start
+
+    def segments_of(self, row_ids: np.ndarray) -> list[Segment]:
+        if not self._starts or len(row_ids) == 0:
+            return []
+        starts = np.asarray(self._starts)
+        which = np.searchsorted(starts, row_ids, side="right") - 1
+        out = []
+        for index in np.unique(which):
+            seg = self._segments[int(index)]
+            local = row_ids[which == index] - starts[index] + seg.lo
+            out.append(Segment(seg.source, seg.unit, int(local.min()), int(local.max()) + 1))
+        return out

@@ -1,0 +1,393 @@
+"""The ``Pipeline``: the builder users chain, its knobs and metrics, and the epochs it runs.
+
+Owns the public API (``from_parquet`` / ``from_iterable`` / ``from_criteo_tsv``, ``shuffle``, ``map``,
+``batch``, ``prefetch``, iteration, ``knobs``, ``metrics``, ``close``), the epoch (threads, channels,
+stop and failure), the consumer-side counters (rows out, step time, wait time) and shutdown. Builder
+methods append a stage and return the same pipeline. It must not contain stage algorithms
+(``stages``, ``shuffle``, ``batcher``) or source formats (``sources``, ``criteo``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import types
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from intune.knobs import Knob
+from intune.pipeline.channel import END, Channel, Stopped
+from intune.pipeline.chunks import Chunk, RowTable
+from intune.pipeline.metrics import PipelineMetrics
+from intune.pipeline.pool import PoolRun
+from intune.pipeline.shm import remove_prefix
+from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
+from intune.pipeline.stages import (
+    BatchStage,
+    MapStage,
+    PrefetchStage,
+    ReadStage,
+    ShuffleStage,
+    Stage,
+    check_int,
+)
+
+_PIPELINE_IDS = itertools.count()
+
+
+def default_max_workers() -> int:
+    """Upper bound of every ``<stage>.workers`` knob: twice the host's CPUs, at least 4."""
+    return max(4, 2 * (os.cpu_count() or 1))
+
+
+def default_max_mb() -> int:
+    """Upper bound of every ``<stage>.buffer_mb`` knob: half the host's memory."""
+    try:
+        import psutil
+
+        return max(64, int(psutil.virtual_memory().total // (2 << 20)))
+    except Exception:  # psutil is a dependency, but stay usable without it
+        return 4096
+
+
+class Epoch:
+    """One pass over the data: the stages' threads and channels, a stop event, the first failure."""
+
+    def __init__(self, index: int, label: str, deterministic: bool) -> None:
+        self.index = index
+        self.label = label
+        self.deterministic = deterministic
+        self.stop = threading.Event()
+        self.table = RowTable()
+        self.pools: list[PoolRun] = []
+        self.error: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+        self._channels: list[Channel] = []
+        self._lock = threading.Lock()
+
+    def channel(self, name: str, **kwargs: Any) -> Channel:
+        ch = Channel(name, self.stop, **kwargs)
+        self._channels.append(ch)
+        return ch
+
+    def spawn(self, target: Callable[[], None], name: str) -> None:
+        def guarded() -> None:
+            try:
+                target()
+            except Stopped:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - reported to the consumer
+                self.fail(exc)
+
+        thread = threading.Thread(target=guarded, name=f"intune-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def fail(self, exc: BaseException) -> None:
+        """Record the first failure and stop everything; the consumer raises it."""
+        with self._lock:
+            if self.error is None:
+                self.error = exc
+        self.halt()
+
+    def halt(self) -> None:
+        self.stop.set()
+        for ch in self._channels:
+            ch.wake_all()
+        for pool in self.pools:
+            pool.wake()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        threads = list(self._threads)
+        for pool in self.pools:
+            threads.extend(pool.threads())
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class _ConsumerStats:
+    """Counters the consumer's thread updates in ``__next__``; read by ``metrics()`` without locks."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.batches = 0
+        self.wait_s = 0.0
+        self.step_sum = 0.0
+        self.step_count = 0
+        # (time, rows, step_sum, step_count) about every 0.25 s, for the rates of the last second
+        self.marks: deque[tuple[float, int, float, int]] = deque(maxlen=12)
+        self.marks.append((time.monotonic(), 0, 0.0, 0))
+
+
+class _EpochIterator:
+    """What ``iter(pipeline)`` returns: the consumer's end of the last channel."""
+
+    def __init__(self, pipe: Pipeline, epoch: Epoch, final: Channel) -> None:
+        self._pipe = pipe
+        self._epoch = epoch
+        self._final = final
+        self._last_return: float | None = None
+        self._done = False
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> Chunk:
+        if self._done:
+            raise StopIteration
+        stats = self._pipe._consumer
+        t0 = time.monotonic()
+        if self._last_return is not None:
+            stats.step_sum += t0 - self._last_return
+            stats.step_count += 1
+        try:
+            got = self._final.get()
+        except Stopped:
+            self._finish()
+            if self._epoch.error is not None:
+                raise self._epoch.error from None
+            raise StopIteration from None
+        except BaseException:  # Ctrl-C in the consumer: shut everything down, then let it through
+            self._done = True
+            self._pipe.close()
+            raise
+        now = time.monotonic()
+        stats.wait_s += now - t0
+        if got is END:
+            self._finish()
+            raise StopIteration
+        item = got[1]
+        stats.rows += item.rows
+        stats.batches += 1
+        if now - stats.marks[-1][0] >= 0.25:
+            stats.marks.append((now, stats.rows, stats.step_sum, stats.step_count))
+        self._last_return = now
+        return item.chunk
+
+    def _finish(self) -> None:
+        self._done = True
+        self._pipe._end_epoch(self._epoch)
+
+    def close(self) -> None:
+        if not self._done:
+            self._finish()
+
+
+class Pipeline:
+    """A stage-parallel input pipeline whose workers and buffers can be resized while data flows.
+
+    Build it with ``from_parquet`` / ``from_iterable`` / ``from_criteo_tsv`` and chain ``shuffle``,
+    ``map``, ``batch``, ``prefetch``. Iterating yields chunks (``dict[str, numpy.ndarray]``); each
+    ``iter()`` is a new epoch, and the shuffle is reproducible from ``seed`` and the epoch number.
+    With ``deterministic=True`` (the default) the order depends only on the seed and the shuffle
+    buffer's size, never on worker counts or timing; ``deterministic=False`` lets chunks overtake.
+    """
+
+    def __init__(
+        self, source: Source, *, deterministic: bool = True, max_workers: int | None = None,
+        max_mb: int | None = None, name: str = "read",
+    ) -> None:
+        self.deterministic = bool(deterministic)
+        self.max_workers = check_int("max_workers", max_workers or default_max_workers(), 1)
+        self.max_mb = check_int("max_mb", max_mb or default_max_mb(), 1)
+        self.label = f"p{os.getpid()}x{next(_PIPELINE_IDS)}"
+        self._stages: list[Stage] = []
+        self._knobs: dict[str, Knob] = {}
+        self._epoch: Epoch | None = None
+        self._epochs = 0
+        self._closed = False
+        self._lock = threading.RLock()
+        self._consumer = _ConsumerStats()
+        self._add(ReadStage(source, name, self.max_workers))
+        self._finalizer = weakref.finalize(self, Pipeline._close_stages, list(self._stages))
+
+    # ---- sources ---------------------------------------------------------------------------------
+    @classmethod
+    def from_parquet(
+        cls, glob_or_paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        columns: Sequence[str] | None = None, chunk_rows: int = 8192, **options: Any,
+    ) -> Pipeline:
+        """Parquet files (a glob or paths), read a row group per unit in chunks of <= ``chunk_rows``."""
+        chunk_rows = check_int("chunk_rows", chunk_rows, 1)
+        return cls(ParquetSource(expand_paths(glob_or_paths), columns, chunk_rows), **options)
+
+    @classmethod
+    def from_iterable(
+        cls, chunks: Iterable[Mapping[str, Any]] | Callable[[], Iterable[Mapping[str, Any]]],
+        name: str = "read", **options: Any,
+    ) -> Pipeline:
+        """Any chunks: an iterable re-iterated each epoch, or a callable returning one per epoch."""
+        return cls(IterableSource(chunks, name), name=name, **options)
+
+    @classmethod
+    def from_criteo_tsv(
+        cls, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], chunk_rows: int = 8192,
+        on_error: str = "raise", block_bytes: int = 8 << 20, **options: Any,
+    ) -> Pipeline:
+        """Raw Criteo TSV files; see ``intune.pipeline.criteo`` for the columns produced."""
+        from intune.pipeline.criteo import CriteoTsvSource
+
+        chunk_rows = check_int("chunk_rows", chunk_rows, 1)
+        block_bytes = check_int("block_bytes", block_bytes, 1024)
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        return cls(CriteoTsvSource(expand_paths(paths), chunk_rows, on_error, block_bytes), **options)
+
+    # ---- stages ----------------------------------------------------------------------------------
+    def shuffle(self, buffer_rows: int = 200_000, seed: int = 0, buffer_mb: int = 256, name: str = "shuffle") -> Pipeline:
+        """Buffered shuffle of up to ``buffer_rows`` rows and ``buffer_mb`` MB (the knob)."""
+        buffer_rows = check_int("buffer_rows", buffer_rows, 1)
+        seed = check_int("seed", seed, 0)
+        buffer_mb = check_int("buffer_mb", buffer_mb, 1, self.max_mb)
+        return self._add(ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb))
+
+    def map(
+        self, fn: Callable[[Chunk], Chunk], name: str | None = None, mode: str = "thread",
+        on_error: str = "raise", workers: int = 1,
+    ) -> Pipeline:
+        """Apply ``fn`` (chunk -> chunk) in ``thread`` or ``process`` workers (``<name>.workers``).
+
+        A map placed after ``batch`` may change column lengths (e.g. deduplication); rows are still
+        counted as the source rows the chunk came from. ``on_error="skip"`` drops a failing chunk and
+        counts it in the stage's ``skipped`` metric.
+        """
+        if not callable(fn):
+            raise ValueError(f"map: fn must be callable, got {fn!r}")
+        if mode not in ("thread", "process"):
+            raise ValueError(f"map: mode must be 'thread' or 'process', got {mode!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"map: on_error must be 'raise' or 'skip', got {on_error!r}")
+        workers = check_int("workers", workers, 1, self.max_workers)
+        if name is None:
+            name = "map" if "map" not in self.stage_names() else f"map{len(self._stages)}"
+        return self._add(MapStage(fn, name, mode, on_error, self.max_workers, workers))
+
+    def batch(self, n: int, drop_last: bool = False, name: str = "batch") -> Pipeline:
+        """Batches of exactly ``n`` rows (the last one shorter unless ``drop_last``)."""
+        n = check_int("batch size n", n, 1)
+        return self._add(BatchStage(name, n, bool(drop_last)))
+
+    def prefetch(self, depth: int = 2, buffer_mb: int = 256, name: str = "prefetch") -> Pipeline:
+        """Keep up to ``depth`` ready items (and ``buffer_mb`` MB, the knob) ahead of the consumer."""
+        depth = check_int("prefetch depth", depth, 1)
+        buffer_mb = check_int("buffer_mb", buffer_mb, 1, self.max_mb)
+        return self._add(PrefetchStage(name, depth, buffer_mb, self.max_mb))
+
+    def add_stage(self, stage: Stage) -> Pipeline:
+        """Append a custom ``Stage`` (for extensions such as a dedup stage)."""
+        return self._add(stage)
+
+    def _add(self, stage: Stage) -> Pipeline:
+        with self._lock:
+            if self._epochs or self._closed:
+                raise ValueError("stages must be added before the pipeline is first iterated")
+            if not stage.name or "." in stage.name:
+                raise ValueError(f"stage name {stage.name!r} must be non-empty and contain no '.'")
+            if stage.name in self.stage_names():
+                raise ValueError(f"stage name {stage.name!r} is already used; pass name=")
+            self._stages.append(stage)
+            for knob in stage.knobs:
+                self._knobs[knob.name] = knob
+        return self
+
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self._stages]
+
+    def stage(self, name: str) -> Stage:
+        for s in self._stages:
+            if s.name == name:
+                return s
+        raise ValueError(f"no stage named {name!r}; stages are {self.stage_names()}")
+
+    # ---- knobs and metrics -----------------------------------------------------------------------
+    @property
+    def knobs(self) -> Mapping[str, Knob]:
+        """Every knob by name: ``<stage>.workers`` (cpu) and ``<stage>.buffer_mb`` (mb)."""
+        return types.MappingProxyType(self._knobs)
+
+    def set_knob(self, name: str, value: int) -> None:
+        """``knobs[name].set(value)`` with an error listing the knobs when ``name`` is unknown."""
+        if name not in self._knobs:
+            raise ValueError(f"unknown knob {name!r}; valid knobs are {sorted(self._knobs)}")
+        self._knobs[name].set(value)
+
+    def metrics(self) -> PipelineMetrics:
+        """A cheap snapshot: per-stage counters and gauges, rows out, recent rate and step time."""
+        c = self._consumer
+        now = time.monotonic()
+        marks = tuple(c.marks)
+        current = (now, c.rows, c.step_sum, c.step_count)
+        base = next((m for m in reversed(marks) if now - m[0] >= 1.0), marks[0])
+        dt = now - base[0]
+        rate = (current[1] - base[1]) / dt if dt > 0 else 0.0
+        steps = current[3] - base[3]
+        step_s = (current[2] - base[2]) / steps if steps > 0 else 0.0
+        stages = {s.name: s.snapshot() for s in self._stages}
+        return PipelineMetrics(
+            time_s=now, rows_out=c.rows, batches_out=c.batches, rows_per_s=rate, consumer_step_s=step_s,
+            consumer_wait_s=c.wait_s, buffered_bytes=sum(m.buffered_bytes for m in stages.values()),
+            stages=stages,
+        )
+
+    # ---- epochs ----------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Chunk]:
+        with self._lock:
+            if self._closed:
+                raise ValueError("the pipeline is closed")
+            if self._epoch is not None:
+                self._end_epoch(self._epoch)
+            epoch = Epoch(self._epochs, self.label, self.deterministic)
+            self._epochs += 1
+            self._epoch = epoch
+            channel: Channel | None = None
+            try:
+                for stage in self._stages:
+                    channel = stage.start(epoch, channel)
+            except BaseException:
+                self._end_epoch(epoch)
+                raise
+            assert channel is not None
+            return _EpochIterator(self, epoch, channel)
+
+    def _end_epoch(self, epoch: Epoch) -> None:
+        epoch.halt()
+        epoch.join(timeout=3.0)
+        with self._lock:
+            if self._epoch is epoch:
+                self._epoch = None
+
+    def close(self) -> None:
+        """Stop the epoch in flight and end every worker process (returns within a few seconds)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            epoch = self._epoch
+        if epoch is not None:
+            epoch.halt()
+        self._close_stages(self._stages)
+        if epoch is not None:
+            epoch.join(timeout=2.0)
+            self._epoch = None
+        self._finalizer.detach()
+        remove_prefix(f"intune-{os.getpid()}-{self.label}-")
+
+    @staticmethod
+    def _close_stages(stages: list[Stage]) -> None:
+        for stage in stages:
+            stage.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Pipeline({' -> '.join(self.stage_names())})"

@@ -1,0 +1,36 @@
+"""The engine's exceptions: what a consumer sees when a stage, a source or a worker fails.
+
+Owns the wording of failures (stage, source file, row range, original traceback). It must not decide
+when to raise: stages and sources do that.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(RuntimeError):
+    """A failure inside the pipeline, raised to the consumer."""
+
+
+class SourceError(PipelineError):
+    """A source could not be read: a missing or corrupt file, a malformed line, unequal columns."""
+
+
+class StageError(PipelineError):
+    """A stage's function failed on a chunk.
+
+    ``stage`` names the stage, ``origin`` says which source rows the chunk held, ``remote_traceback``
+    carries the traceback from the worker (thread or process) where the function raised.
+    """
+
+    def __init__(self, stage: str, origin: str, cause: str, remote_traceback: str = "") -> None:
+        self.stage = stage
+        self.origin = origin
+        self.remote_traceback = remote_traceback
+        message = f"stage {stage!r} failed on {origin}: {cause}"
+        if remote_traceback:
+            message += "\n\nOriginal traceback (in the worker):\n" + remote_traceback.rstrip()
+        super().__init__(message)
+
+
+class WorkerLostError(PipelineError):
+    """A process worker kept dying on the same chunk, beyond the restart budget."""

@@ -1,0 +1,135 @@
+"""A resizable pool of workers serving one stage for one epoch.
+
+Owns the worker loop: park while retired, reserve a slot downstream, take a chunk, process it, deliver
+it under its sequence number. Exactly-once follows from that loop: a chunk taken from the input
+channel is held by one worker until it is delivered, and a worker only retires between chunks, so a
+resize (from any thread, at any moment) can neither lose nor repeat a row. Raising the target wakes
+parked workers (or starts threads); lowering it lets surplus workers park after the chunk in hand.
+This module must not know what ``process`` does (read a unit, apply a function in a thread or a child).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
+from intune.pipeline.stats import StageStats, WorkerStats
+
+# process(worker_index, item, stats) -> items to deliver (0..n)
+Process = Callable[[int, Item, WorkerStats], list[Item]]
+
+
+class PoolRun:
+    """The threads of one pooled stage during one epoch."""
+
+    def __init__(
+        self,
+        name: str,
+        target: Callable[[], int],
+        process: Process,
+        inp: Channel,
+        out: Channel,
+        stats: StageStats,
+        fail: Callable[[BaseException], None],
+        stop: threading.Event,
+    ) -> None:
+        self.name = name
+        self._target = target
+        self._process = process
+        self._inp = inp
+        self._out = out
+        self._stats = stats
+        self._fail = fail
+        self._stop = stop
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._done = False
+
+    def start(self) -> None:
+        self.resize()
+
+    def resize(self) -> None:
+        """Apply the current target: start missing threads, wake parked ones."""
+        with self._cond:
+            if self._done or self._stop.is_set():
+                return
+            for index in range(len(self._threads), self._target()):
+                thread = threading.Thread(
+                    target=self._run, args=(index,), name=f"intune-{self.name}-{index}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            self._cond.notify_all()
+
+    def threads(self) -> list[threading.Thread]:
+        with self._cond:
+            return list(self._threads)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _park(self, index: int) -> None:
+        with self._cond:
+            while index >= self._target() and not self._stop.is_set() and not self._done:
+                self._cond.wait(0.5)
+
+    def _run(self, index: int) -> None:
+        stats = self._stats.worker(index)
+        reserved = False
+        clock = time.perf_counter
+        try:
+            while not self._stop.is_set():
+                if index >= self._target():
+                    if reserved:
+                        self._out.unreserve()
+                        reserved = False
+                    self._park(index)
+                    continue
+                t0 = clock()
+                if not reserved:
+                    reserved = self._out.reserve(timeout=0.2)
+                    t1 = clock()
+                    stats.blocked_s += t1 - t0
+                    if not reserved:
+                        continue
+                    t0 = t1
+                got = self._inp.get(timeout=0.2)
+                t1 = clock()
+                stats.starved_s += t1 - t0
+                if got is TIMEOUT:
+                    continue
+                if got is END:
+                    self._out.finish(self._inp.handed_out)
+                    self._out.unreserve()
+                    reserved = False
+                    with self._cond:
+                        self._done = True
+                        self._cond.notify_all()
+                    return
+                seq, item = got
+                reserved = False
+                c0 = time.thread_time()
+                results = self._process(index, item, stats)
+                stats.cpu_s += time.thread_time() - c0
+                stats.busy_s += clock() - t1
+                stats.items += len(results)
+                for r in results:
+                    stats.rows += r.rows
+                self._out.put_at(seq, results)
+        except Stopped:
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported to the consumer
+            self._fail(exc)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self.threads():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def any_alive(threads: list[Any]) -> bool:
+    return any(t.is_alive() for t in threads)

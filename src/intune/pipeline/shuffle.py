@@ -1,0 +1,110 @@
+"""The shuffle buffer: tf.data's buffered shuffle, done a chunk at a time with numpy.
+
+Owns the algorithm only (pure, single-threaded, testable): fill a buffer of ``capacity`` rows; once it
+is full each incoming row takes the slot of a uniformly chosen buffered row, which is emitted; at the
+end the rest is emitted in a random permutation. Per chunk of k rows the cost is O(k) (a gather and a
+scatter), not O(buffer). The order depends only on the input order, the capacity and the generator.
+It must not know about threads, knobs or bytes (the stage turns its MB knob into ``capacity``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from intune.pipeline.chunks import Chunk
+
+IDS = "__row_ids__"  # internal column: epoch-global row numbers, for error messages
+
+
+class ShuffleBuffer:
+    def __init__(self, rng: np.random.Generator, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"shuffle capacity must be >= 1 row, got {capacity}")
+        self._rng = rng
+        self.capacity = capacity
+        self._buf: Chunk = {}
+        self.size = 0  # rows held
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a[: self.size].nbytes) for a in self._buf.values())
+
+    def row_bytes(self) -> int:
+        return sum(a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in self._buf.values())
+
+    def add(self, chunk: Chunk) -> list[Chunk]:
+        """Take a chunk in; return the chunks (0 or 1) this lets out."""
+        rows = len(next(iter(chunk.values())))
+        if not self._buf:
+            self._allocate(chunk)
+        elif chunk.keys() != self._buf.keys():
+            raise ValueError(
+                f"shuffle: chunk columns {sorted(chunk)} differ from earlier chunks' {sorted(self._buf)}"
+            )
+        free = self.capacity - self.size
+        fill = min(free, rows)
+        if fill:
+            self._ensure(self.size + fill)
+            for name, column in chunk.items():
+                self._buf[name][self.size : self.size + fill] = column[:fill]
+            self.size += fill
+        rest = rows - fill
+        if rest == 0:
+            return []
+        if rest <= self.size:
+            slots = self._rng.choice(self.size, size=rest, replace=False)
+            out = {name: column[slots] for name, column in self._buf.items()}
+            for name, column in chunk.items():
+                self._buf[name][slots] = column[fill:]
+            return [out]
+        # a chunk larger than the buffer: mix it all, keep `capacity` rows, let the rest out
+        merged = {n: np.concatenate([self._buf[n][: self.size], c[fill:]]) for n, c in chunk.items()}
+        order = self._rng.permutation(self.size + rest)
+        keep, out_idx = order[: self.size], order[self.size :]
+        out = {n: c[out_idx] for n, c in merged.items()}
+        for n, c in merged.items():
+            self._buf[n][: self.size] = c[keep]
+        return [out]
+
+    def resize(self, capacity: int) -> list[Chunk]:
+        """Change the capacity; if it shrinks below what is held, let random rows out."""
+        capacity = max(1, capacity)
+        self.capacity = capacity
+        if self.size <= capacity:
+            return []
+        excess = self.size - capacity
+        slots = self._rng.choice(self.size, size=excess, replace=False)
+        out = {n: c[slots] for n, c in self._buf.items()}
+        keep = np.ones(self.size, dtype=bool)
+        keep[slots] = False
+        self._buf = {n: np.ascontiguousarray(c[: self.size][keep]) for n, c in self._buf.items()}
+        self.size = capacity
+        return [out]
+
+    def drain(self, chunk_rows: int) -> list[Chunk]:
+        """The end of input: everything held, in a random permutation, ``chunk_rows`` at a time."""
+        if self.size == 0:
+            return []
+        order = self._rng.permutation(self.size)
+        out = []
+        for start in range(0, self.size, max(1, chunk_rows)):
+            idx = order[start : start + chunk_rows]
+            out.append({n: c[idx] for n, c in self._buf.items()})
+        self._buf = {}
+        self.size = 0
+        return out
+
+    def _allocate(self, chunk: Chunk) -> None:
+        rows = len(next(iter(chunk.values())))
+        start = min(self.capacity, max(rows, 1024))
+        self._buf = {n: np.empty((start, *c.shape[1:]), dtype=c.dtype) for n, c in chunk.items()}
+
+    def _ensure(self, rows: int) -> None:
+        have = len(next(iter(self._buf.values())))
+        if rows <= have:
+            return
+        new = min(self.capacity, max(rows, 2 * have))
+        for n, c in self._buf.items():
+            grown = np.empty((new, *c.shape[1:]), dtype=c.dtype)
+            grown[: self.size] = c[: self.size]
+            self._buf[n] = grown

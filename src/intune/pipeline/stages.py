@@ -1,0 +1,468 @@
+"""The stages: what each kind does, its knobs, and its threads for one epoch.
+
+Owns ``ReadStage`` and ``MapStage`` (pooled: a resizable set of thread or process workers),
+``ShuffleStage``, ``BatchStage`` and ``PrefetchStage`` (one thread each, their buffers bounded in
+bytes by a ``buffer_mb`` knob where they have one), and each stage's metrics snapshot. A stage object
+lives as long as the pipeline (knobs, counters, parked process workers); ``start`` builds its threads
+and output channel for one epoch. It must not know about the stages around it beyond its input channel.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from intune.knobs import Knob
+from intune.pipeline.batcher import Batcher
+from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
+from intune.pipeline.chunks import Origin, RowTable, nbytes, num_rows
+from intune.pipeline.errors import PipelineError, StageError, WorkerLostError
+from intune.pipeline.metrics import StageMetrics
+from intune.pipeline.pool import PoolRun
+from intune.pipeline.procworker import ProcessWorker, RemoteError, WorkerDied
+from intune.pipeline.shuffle import IDS, ShuffleBuffer
+from intune.pipeline.sources import Source
+from intune.pipeline.stats import StageStats, WorkerStats
+
+MiB = 1 << 20
+
+
+class EpochContext(Protocol):
+    """What a stage needs from the running epoch."""
+
+    index: int
+    label: str  # unique per pipeline: names process workers and their shared memory
+    deterministic: bool
+    pools: list[PoolRun]
+    stop: threading.Event
+    table: RowTable
+
+    def fail(self, exc: BaseException) -> None: ...
+    def spawn(self, target: Callable[[], None], name: str) -> None: ...
+    def channel(self, name: str, **kwargs: Any) -> Channel: ...
+
+
+class Stage:
+    """Base: name, kind, mode, knobs, counters; subclasses add ``start`` and their own gauges."""
+
+    kind = "stage"
+    mode = "inline"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stats = StageStats()
+        self.knobs: list[Knob] = []
+        self._out: Channel | None = None
+
+    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        raise NotImplementedError
+
+    def workers(self) -> int:
+        return 1
+
+    def internal_bytes(self) -> int:
+        return 0
+
+    def queue_capacity(self) -> int:
+        return 0
+
+    def queue_fill(self) -> float:
+        out = self._out
+        cap = self.queue_capacity()
+        return min(1.0, out.items / cap) if out is not None and cap else 0.0
+
+    def snapshot(self) -> StageMetrics:
+        t = self.stats.totals()
+        out = self._out
+        return StageMetrics(
+            name=self.name,
+            kind=self.kind,
+            mode=self.mode,
+            workers=self.workers(),
+            items=int(t["items"]),
+            rows=int(t["rows"]),
+            cpu_s=float(t["cpu_s"]),
+            busy_s=float(t["busy_s"]),
+            starved_s=float(t["starved_s"]),
+            blocked_s=float(t["blocked_s"]),
+            queue_len=out.items if out is not None else 0,
+            queue_capacity=self.queue_capacity(),
+            queue_fill=self.queue_fill(),
+            buffered_bytes=(out.bytes if out is not None else 0) + self.internal_bytes(),
+            skipped=int(t["skipped"]),
+            restarts=int(t["restarts"]),
+        )
+
+    def close(self) -> None:
+        """Release what outlives an epoch (process workers)."""
+
+
+def check_int(what: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """Validate an integer argument; the ``ValueError`` names the valid range."""
+    valid = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{what} must be an integer {valid}, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{what} = {value} is out of range, valid range is {valid}")
+    return int(value)
+
+
+def sequential_loop(
+    stats: WorkerStats,
+    inp: Channel,
+    out: Channel,
+    on_item: Callable[[Item], list[Item]],
+    on_end: Callable[[], list[Item]],
+    on_idle: Callable[[], list[Item]] | None = None,
+) -> None:
+    """The loop of a one-thread stage, timing starved / busy / blocked."""
+    clock = time.perf_counter
+    t = clock()
+    while True:
+        got = inp.get(timeout=0.2 if on_idle is not None else None)
+        t1 = clock()
+        stats.starved_s += t1 - t
+        c0 = time.thread_time()
+        if got is TIMEOUT:
+            results = on_idle() if on_idle is not None else []
+        elif got is END:
+            results = on_end()
+        else:
+            results = on_item(got[1])
+        t2 = clock()
+        stats.busy_s += t2 - t1
+        stats.cpu_s += time.thread_time() - c0
+        for r in results:
+            out.put([r])
+            stats.items += 1
+            stats.rows += r.rows
+        stats.blocked_s += clock() - t2
+        if got is END:
+            out.finish()
+            return
+        t = clock()
+
+
+class PooledStage(Stage):
+    """A stage served by a resizable pool; ``workers`` is its knob."""
+
+    def __init__(self, name: str, max_workers: int, workers: int = 1) -> None:
+        super().__init__(name)
+        self._target = workers
+        self._run: PoolRun | None = None
+        self.knobs.append(Knob(f"{name}.workers", "cpu", 1, max_workers, self._get_workers, self._set_workers))
+
+    def _get_workers(self) -> int:
+        return self._target
+
+    def _set_workers(self, value: int) -> None:
+        self._target = value
+        run = self._run
+        if run is not None:
+            run.resize()
+
+    def workers(self) -> int:
+        return self._target
+
+    def window(self) -> int:
+        return 2 * self._target + 2
+
+    def queue_capacity(self) -> int:
+        return self.window()
+
+    def _start_pool(self, epoch: EpochContext, inp: Channel, process: Any) -> Channel:
+        out = epoch.channel(f"{self.name}.out", ordered=epoch.deterministic, window=self.window)
+        self._out = out
+        run = PoolRun(self.name, self._get_workers, process, inp, out, self.stats, epoch.fail, epoch.stop)
+        self._run = run
+        epoch.pools.append(run)
+        run.start()
+        return out
+
+
+class ReadStage(PooledStage):
+    """Reads a source: parallel units (row groups) in a thread pool, or one sequential stream."""
+
+    kind = "read"
+    mode = "thread"
+
+    def __init__(self, source: Source, name: str, max_workers: int) -> None:
+        self.source = source
+        super().__init__(name, max_workers if source.parallel else 1)
+
+    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        if not self.source.parallel:
+            out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
+            self._out = out
+            stats = self.stats.worker(0)
+
+            def pull() -> None:
+                clock = time.perf_counter
+                t = clock()
+                for item in self.source.stream():
+                    t1 = clock()
+                    stats.busy_s += t1 - t
+                    out.put([item])
+                    stats.items += 1
+                    stats.rows += item.rows
+                    t = clock()
+                    stats.blocked_s += t - t1
+                out.finish()
+
+            epoch.spawn(pull, f"{self.name}-stream")
+            return out
+        units = self.source.units()
+        feed = epoch.channel(f"{self.name}.units")
+        for unit in range(units):
+            feed.put([Item(unit, None, 0, 0)])
+        feed.finish()
+        source = self.source
+
+        def read(index: int, item: Item, stats: WorkerStats) -> list[Item]:
+            return source.read_unit(item.chunk)
+
+        return self._start_pool(epoch, feed, read)
+
+
+class MapStage(PooledStage):
+    """Applies a chunk -> chunk function in thread or process workers."""
+
+    kind = "map"
+
+    def __init__(
+        self, fn: Callable[[dict], dict], name: str, mode: str, on_error: str, max_workers: int, workers: int = 1
+    ) -> None:
+        super().__init__(name, max_workers, workers)
+        self.fn = fn
+        self.mode = mode
+        self.on_error = on_error
+        self.max_attempts = 3  # a chunk that kills its worker this many times is an error
+        self._procs: list[ProcessWorker] = []
+        self._procs_lock = threading.Lock()
+        self._blob = b""
+        if mode == "process":
+            import cloudpickle
+
+            try:
+                self._blob = cloudpickle.dumps(fn)
+            except Exception as exc:
+                raise ValueError(f"map stage {name!r}: the function cannot be pickled for process mode: {exc}") from exc
+
+    def _failed(self, item: Item, stats: WorkerStats, exc: BaseException, text: str) -> list[Item]:
+        if self.on_error == "skip":
+            stats.skipped += 1
+            return []
+        error = StageError(self.name, item.origin.describe() if item.origin else "a chunk", str(exc), text)
+        raise error from exc
+
+    def _result(self, out: Any, item: Item) -> list[Item]:
+        if not isinstance(out, dict):
+            raise TypeError(f"the map function must return a dict of arrays, got {type(out).__name__}")
+        return [Item(out, item.origin, item.rows, nbytes(out))]
+
+    def process_worker(self, index: int, label: str) -> ProcessWorker:
+        with self._procs_lock:
+            while len(self._procs) <= index:
+                self._procs.append(ProcessWorker(self._blob, f"{label}-w{len(self._procs)}"))
+            return self._procs[index]
+
+    def worker_pids(self) -> list[int]:
+        with self._procs_lock:
+            return [p.pid for p in self._procs if p.pid is not None]
+
+    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        assert inp is not None
+        fn = self.fn
+
+        def in_thread(index: int, item: Item, stats: WorkerStats) -> list[Item]:
+            try:
+                out = fn(item.chunk)
+                return self._result(out, item)
+            except Exception as exc:
+                return self._failed(item, stats, exc, traceback.format_exc())
+
+        def in_process(index: int, item: Item, stats: WorkerStats) -> list[Item]:
+            worker = self.process_worker(index, f"{epoch.label}-{self.name}")
+            for attempt in range(self.max_attempts):
+                try:
+                    out, cpu = worker.run(item.chunk, epoch.stop)
+                    stats.cpu_s += cpu
+                    return [Item(out, item.origin, item.rows, nbytes(out))]
+                except RemoteError as exc:
+                    return self._failed(item, stats, exc, exc.remote_traceback)
+                except WorkerDied as exc:
+                    stats.restarts += 1
+                    if epoch.stop.is_set():
+                        raise Stopped from None
+                    worker.restart()
+                    last = exc
+            where = item.origin.describe() if item.origin else "a chunk"
+            raise WorkerLostError(
+                f"stage {self.name!r}: a process worker died {self.max_attempts} times on {where} ({last})"
+            )
+
+        return self._start_pool(epoch, inp, in_process if self.mode == "process" else in_thread)
+
+    def close(self) -> None:
+        with self._procs_lock:
+            procs, self._procs = self._procs, []
+        for p in procs:
+            p.close()
+
+
+class ShuffleStage(Stage):
+    """tf.data-style buffered shuffle; capacity = min(buffer_rows, buffer_mb of rows)."""
+
+    kind = "shuffle"
+
+    def __init__(self, name: str, buffer_rows: int, seed: int, buffer_mb: int, max_mb: int) -> None:
+        super().__init__(name)
+        self.buffer_rows = buffer_rows
+        self.seed = seed
+        self._mb = buffer_mb
+        self._buffer: ShuffleBuffer | None = None
+        self.knobs.append(Knob(f"{name}.buffer_mb", "mb", 1, max_mb, lambda: self._mb, self._set_mb))
+
+    def _set_mb(self, value: int) -> None:
+        self._mb = value
+
+    def capacity(self, row_bytes: int) -> int:
+        return max(1, min(self.buffer_rows, self._mb * MiB // max(1, row_bytes)))
+
+    def internal_bytes(self) -> int:
+        buf = self._buffer
+        return buf.nbytes if buf is not None else 0
+
+    def queue_capacity(self) -> int:
+        return 2
+
+    def queue_fill(self) -> float:
+        buf = self._buffer
+        if buf is None or not buf.size:
+            return 0.0
+        return min(1.0, buf.size / max(1, buf.capacity))
+
+    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        assert inp is not None
+        out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
+        self._out = out
+        rng = np.random.default_rng([self.seed, epoch.index])
+        state = {"buffer": None, "chunk_rows": 1, "row_bytes": 1}
+        table = epoch.table
+
+        def emit(chunks: list[dict]) -> list[Item]:
+            items = []
+            for chunk in chunks:
+                ids = chunk.pop(IDS)
+                items.append(Item(chunk, Origin((), ids, table), len(ids), nbytes(chunk)))
+            return items
+
+        def on_item(item: Item) -> list[Item]:
+            chunk = dict(item.chunk)
+            if IDS in chunk:
+                raise PipelineError(f"stage {self.name!r}: column name {IDS!r} is reserved")
+            start = table.add(item.origin, item.rows) if item.origin is not None else table.total
+            chunk[IDS] = np.arange(start, start + item.rows, dtype=np.int64)
+            buf = state["buffer"]
+            if buf is None:
+                row_bytes = sum(c.itemsize * int(np.prod(c.shape[1:], dtype=np.int64)) for c in chunk.values())
+                state["row_bytes"] = row_bytes
+                buf = ShuffleBuffer(rng, self.capacity(row_bytes))
+                state["buffer"] = self._buffer = buf
+            state["chunk_rows"] = max(state["chunk_rows"], item.rows)
+            released = buf.resize(self.capacity(state["row_bytes"]))
+            try:
+                released += buf.add(chunk)
+            except ValueError as exc:
+                raise PipelineError(f"stage {self.name!r}: {exc}") from None
+            return emit(released)
+
+        def on_idle() -> list[Item]:
+            buf = state["buffer"]
+            return emit(buf.resize(self.capacity(state["row_bytes"]))) if buf is not None else []
+
+        def on_end() -> list[Item]:
+            buf = state["buffer"]
+            return emit(buf.drain(state["chunk_rows"])) if buf is not None else []
+
+        stats = self.stats.worker(0)
+        epoch.spawn(lambda: sequential_loop(stats, inp, out, on_item, on_end, on_idle), self.name)
+        return out
+
+
+class BatchStage(Stage):
+    """Rebatches to exactly ``batch_rows`` rows (the last batch short unless ``drop_last``)."""
+
+    kind = "batch"
+
+    def __init__(self, name: str, batch_rows: int, drop_last: bool) -> None:
+        super().__init__(name)
+        self.batch_rows = batch_rows
+        self.drop_last = drop_last
+        self._batcher: Batcher | None = None
+
+    def internal_bytes(self) -> int:
+        b = self._batcher
+        return b.nbytes if b is not None else 0
+
+    def queue_capacity(self) -> int:
+        return 2
+
+    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        assert inp is not None
+        out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
+        self._out = out
+        batcher = self._batcher = Batcher(self.batch_rows, self.drop_last)
+
+        def wrap(pairs: list[tuple[dict, Origin]]) -> list[Item]:
+            return [Item(c, o, num_rows(c), nbytes(c)) for c, o in pairs]
+
+        def on_item(item: Item) -> list[Item]:
+            lengths = {len(c) for c in item.chunk.values()}
+            if len(lengths) > 1:
+                sizes = {k: len(v) for k, v in item.chunk.items()}
+                raise PipelineError(f"stage {self.name!r}: input chunk has unequal column lengths {sizes}")
+            return wrap(batcher.add(item.chunk, item.origin))
+
+        stats = self.stats.worker(0)
+        epoch.spawn(lambda: sequential_loop(stats, inp, out, on_item, lambda: wrap(batcher.flush())), self.name)
+        return out
+
+
+class PrefetchStage(Stage):
+    """A buffer of ready batches in front of the consumer: ``depth`` items and ``buffer_mb`` bytes at most."""
+
+    kind = "prefetch"
+
+    def __init__(self, name: str, depth: int, buffer_mb: int, max_mb: int) -> None:
+        super().__init__(name)
+        self.depth = depth
+        self._mb = buffer_mb
+        self.knobs.append(Knob(f"{name}.buffer_mb", "mb", 1, max_mb, lambda: self._mb, self._set_mb))
+
+    def _set_mb(self, value: int) -> None:
+        self._mb = value
+
+    def queue_capacity(self) -> int:
+        return self.depth
+
+    def queue_fill(self) -> float:
+        out = self._out
+        if out is None:
+            return 0.0
+        return min(1.0, max(out.items / self.depth, out.bytes / (self._mb * MiB)))
+
+    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        assert inp is not None
+        out = epoch.channel(
+            f"{self.name}.out", max_items=lambda: self.depth, max_bytes=lambda: self._mb * MiB
+        )
+        self._out = out
+        stats = self.stats.worker(0)
+        epoch.spawn(lambda: sequential_loop(stats, inp, out, lambda item: [item], lambda: []), self.name)
+        return out
