@@ -1,0 +1,237 @@
+"""The dedup transform: a batch chunk in, a chunk carrying one IKJT per feature group out.
+
+For each group (e.g. ``{"user": ["user_id", "user_clicks", "user_history"]}``) the rows whose values
+are identical in every column of the group are found (hash, then an exact check), the group's columns
+are replaced by the unique rows and an inverse index (encoding in ``ikjt.py``), and the other columns
+pass through. ``GroupUDF`` then runs a group's preprocessing on the unique rows only when the chunk
+is deduplicated, and on every row when it is not, so the same pipeline code serves both; that is where
+the preprocessing saving comes from. This module must not shuffle, batch or read files.
+
+In the engine: ``pipe.batch(n).map(dedup_transform(groups)).map(GroupUDF("user", cols, fn))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from intune.recd._hashing import column_bits, mix64
+from intune.recd.ikjt import IKJT, INVERSE, gather_jagged
+
+Chunk = dict[str, np.ndarray]
+
+
+def resolve_columns(chunk: Mapping[str, np.ndarray], group: str, columns: Sequence[str]) -> list[str]:
+    """The group's keys: a jagged feature may be named ``x``, ``x.values`` or ``x.lengths``.
+
+    A name that matches nothing in the chunk is a ``ValueError`` naming it and the group.
+    """
+    keys: list[str] = []
+    for name in columns:
+        base = name
+        if name.endswith((".values", ".lengths")):
+            stem = name.rsplit(".", 1)[0]
+            if stem + ".values" in chunk and stem + ".lengths" in chunk:
+                base = stem
+        if base in chunk or (base + ".values" in chunk and base + ".lengths" in chunk):
+            if base not in keys:
+                keys.append(base)
+            continue
+        available = sorted({c[: -len(".values")] if c.endswith(".values") else c for c in chunk
+                            if not c.endswith(".lengths")})
+        raise ValueError(f"dedup group {group!r} names column {name!r}, which is not in the batch; "
+                         f"columns: {available}")
+    return keys
+
+
+def _is_jagged(chunk: Mapping[str, np.ndarray], key: str) -> bool:
+    return key not in chunk and key + ".values" in chunk
+
+
+def row_keys(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
+    """A uint64 hash per row over the group's columns (equal rows hash equal; collisions are checked)."""
+    n = _num_rows(chunk, keys)
+    h = np.full(n, 0x243F6A8885A308D3, dtype=np.uint64)
+    for salt, key in enumerate(keys, start=1):
+        if _is_jagged(chunk, key):
+            lengths = chunk[key + ".lengths"].astype(np.int64)
+            values = chunk[key + ".values"]
+            ends = np.cumsum(lengths)
+            starts = ends - lengths
+            position = np.arange(values.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
+            elem = mix64(column_bits(values) ^ mix64(position, salt), salt)
+            summed = np.concatenate([[np.uint64(0)], np.cumsum(elem, dtype=np.uint64)])
+            col = (summed[ends] - summed[starts]) ^ mix64(lengths, salt + 1000)
+        else:
+            col = mix64(column_bits(chunk[key]), salt)
+        h = mix64(h ^ col)
+    return h
+
+
+def _num_rows(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> int:
+    key = keys[0]
+    return int(chunk[key + ".lengths"].shape[0] if _is_jagged(chunk, key) else chunk[key].shape[0])
+
+
+def _rows_equal(chunk: Mapping[str, np.ndarray], keys: Sequence[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact per-row equality of rows ``a[i]`` and ``b[i]`` over the group's columns (bitwise)."""
+    same = np.ones(a.size, dtype=bool)
+    for key in keys:
+        if _is_jagged(chunk, key):
+            values, lengths = chunk[key + ".values"], chunk[key + ".lengths"]
+            same &= lengths[a] == lengths[b]
+            va, _ = gather_jagged(values, lengths, a[same])
+            vb, _ = gather_jagged(values, lengths, b[same])
+            differ = column_bits(va) != column_bits(vb)
+            if differ.any():
+                rows = np.repeat(np.flatnonzero(same), lengths[a[same]])
+                same[np.unique(rows[differ])] = False
+        else:
+            bits = column_bits(chunk[key])
+            same &= bits[a] == bits[b]
+    return same
+
+
+def find_unique_rows(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct value, in order of first appearance; inverse index per row)."""
+    n = _num_rows(chunk, keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    hashes = row_keys(chunk, keys)
+    _, first, inv = np.unique(hashes, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    first_rows, inverse = first[order].astype(np.int64), rank[inv.ravel()].astype(np.int64)
+    if not _rows_equal(chunk, keys, np.arange(n), first_rows[inverse]).all():
+        first_rows, inverse = _exact_unique(chunk, keys, n)  # a 64-bit hash collision: be exact
+    return first_rows, inverse
+
+
+def _exact_unique(chunk: Mapping[str, np.ndarray], keys: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slow exact dedup by Python tuples of each row's bits; only used after a hash collision."""
+    parts = []
+    for key in keys:
+        if _is_jagged(chunk, key):
+            lengths = chunk[key + ".lengths"]
+            bits = column_bits(chunk[key + ".values"])
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            parts.append([tuple(bits[offsets[i]: offsets[i + 1]].tolist()) for i in range(n)])
+        else:
+            parts.append(column_bits(chunk[key]).tolist())
+    seen: dict[tuple, int] = {}
+    inverse = np.empty(n, dtype=np.int64)
+    first: list[int] = []
+    for i, row in enumerate(zip(*parts, strict=True)):
+        j = seen.setdefault(row, len(first))
+        if j == len(first):
+            first.append(i)
+        inverse[i] = j
+    return np.asarray(first, dtype=np.int64), inverse
+
+
+def build_ikjt(chunk: Mapping[str, np.ndarray], group: str, columns: Sequence[str]) -> IKJT:
+    """The IKJT of one group of a plain batch (a batch without duplication gives unique = all rows)."""
+    keys = resolve_columns(chunk, group, columns)
+    first_rows, inverse = find_unique_rows(chunk, keys)
+    values: dict[str, np.ndarray] = {}
+    lengths: dict[str, np.ndarray] = {}
+    for key in keys:
+        if _is_jagged(chunk, key):
+            values[key], lengths[key] = gather_jagged(chunk[key + ".values"], chunk[key + ".lengths"], first_rows)
+        else:
+            values[key] = chunk[key][first_rows]
+    return IKJT(group=group, keys=tuple(keys), values=values, lengths=lengths, inverse=inverse)
+
+
+def _validate_groups(groups: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    if not groups:
+        raise ValueError("dedup needs at least one group, e.g. {'user': ['user_id', 'user_history']}")
+    owner: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
+    for group, columns in groups.items():
+        if not isinstance(group, str) or not group or "." in group:
+            raise ValueError(f"dedup group name {group!r} must be a non-empty string without '.'")
+        if isinstance(columns, str) or not columns:
+            raise ValueError(f"dedup group {group!r} needs a non-empty list of column names, got {columns!r}")
+        for col in columns:
+            base = col.removesuffix(".values").removesuffix(".lengths")
+            if base in owner and owner[base] != group:
+                raise ValueError(f"column {col!r} is in dedup groups {owner[base]!r} and {group!r}")
+            owner[base] = group
+        out[group] = list(columns)
+    return out
+
+
+class DedupTransform:
+    """Chunk -> chunk: replace each group's columns by its IKJT encoding (see ``ikjt.py``).
+
+    A plain picklable object (not a closure), so process workers can run it.
+    """
+
+    def __init__(self, groups: Mapping[str, Sequence[str]]):
+        self.groups = _validate_groups(groups)
+
+    def __call__(self, chunk: Chunk) -> Chunk:
+        out = dict(chunk)
+        for group, columns in self.groups.items():
+            if f"{group}.{INVERSE}" in chunk:
+                raise ValueError(f"dedup group {group!r}: the batch is already deduplicated")
+            ikjt = build_ikjt(chunk, group, columns)
+            for key in ikjt.keys:
+                for name in (key, key + ".values", key + ".lengths"):
+                    out.pop(name, None)
+            out.update(ikjt.to_chunk())
+        return out
+
+    def __repr__(self) -> str:
+        return f"DedupTransform({self.groups!r})"
+
+
+def dedup_transform(groups: Mapping[str, Sequence[str]]) -> DedupTransform:
+    """The map function of a dedup stage after ``.batch()``; errors name the group and column."""
+    return DedupTransform(groups)
+
+
+class GroupUDF:
+    """Run ``fn`` on a feature group's rows: the unique rows of a deduplicated batch, else all rows.
+
+    ``fn`` takes and returns a plain chunk of the group's columns (jagged ones as ``.values`` /
+    ``.lengths``) with the same number of rows; it may add, drop or rewrite columns. Its output
+    replaces the group's columns (or its unique rows, keeping the inverse index).
+    """
+
+    def __init__(self, group: str, columns: Sequence[str], fn: Callable[[Chunk], Chunk], name: str | None = None):
+        self.group, self.columns, self.fn = group, list(columns), fn
+        self.name = name or getattr(fn, "__name__", "udf")
+
+    def __call__(self, chunk: Chunk) -> Chunk:
+        if f"{self.group}.{INVERSE}" in chunk:
+            ikjt = IKJT.from_chunk(chunk, self.group)
+            rows, old = ikjt.unique_chunk(), ikjt.to_chunk()
+            result = self._apply(rows, ikjt.num_unique)
+            out = {k: v for k, v in chunk.items() if k not in old}
+            out.update(IKJT.from_unique_chunk(self.group, result, ikjt.inverse).to_chunk())
+            return out
+        keys = resolve_columns(chunk, self.group, self.columns)
+        rows = {}
+        for key in keys:
+            if _is_jagged(chunk, key):
+                rows[key + ".values"], rows[key + ".lengths"] = chunk[key + ".values"], chunk[key + ".lengths"]
+            else:
+                rows[key] = chunk[key]
+        result = self._apply(rows, _num_rows(chunk, keys))
+        out = {k: v for k, v in chunk.items() if k not in rows}
+        out.update(result)
+        return out
+
+    def _apply(self, rows: Chunk, n: int) -> Chunk:
+        result = self.fn(rows)
+        for name, col in result.items():
+            if name.endswith(".values"):
+                continue
+            if col.shape[0] != n:
+                raise ValueError(f"UDF {self.name!r} of group {self.group!r} returned {col.shape[0]} rows in "
+                                 f"column {name!r}, expected {n}")
+        return result
