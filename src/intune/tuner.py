@@ -58,6 +58,7 @@ class Tuner:
         self._thread: threading.Thread | None = None
         self._failures: dict[str, int] = {}  # where -> count; the first one is logged
         self._decision_ms: list[float] = []
+        self._decision_cpu_ms: list[float] = []
         self._learn_ms: list[float] = []
         self._thread_cpu_s = 0.0
         self._started_at: float | None = None
@@ -124,10 +125,13 @@ class Tuner:
     def overhead(self) -> dict[str, float]:
         """What tuning costs: decision time (policy.step + clamp) and the thread's CPU use.
 
+        ``decision_ms_*`` is wall time, which includes waiting for the GIL held by the consumer and
+        the engine's threads; ``decision_cpu_ms_mean`` is the CPU the decision itself used.
         ``cpu_fraction`` is the tuning thread's CPU seconds over the wall time it ran (1.0 = a core).
         """
         with self._lock:
             ms = sorted(self._decision_ms)
+            cpu_ms = list(self._decision_cpu_ms)
             learn = list(self._learn_ms)
             cpu_s = self._thread_cpu_s
         if self._started_at is None:
@@ -139,6 +143,7 @@ class Tuner:
             "decision_ms_mean": sum(ms) / len(ms) if ms else 0.0,
             "decision_ms_p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else 0.0,
             "decision_ms_max": ms[-1] if ms else 0.0,
+            "decision_cpu_ms_mean": sum(cpu_ms) / len(cpu_ms) if cpu_ms else 0.0,
             "learn_ms_mean": sum(learn) / len(learn) if learn else 0.0,
             "thread_cpu_s": cpu_s,
             "wall_s": wall,
@@ -250,20 +255,21 @@ class Tuner:
 
         requested: dict[str, int] = {}
         applied: dict[str, int] = {}
-        decision_ms = None
+        decision_ms = decision_cpu_ms = None
         reset_ok = not first
         error = None
         try:
-            t0 = time.perf_counter()
             if first:
-                self.policy.reset(self.knobs, obs)
+                self.policy.reset(self.knobs, obs)  # a one-off, not part of the decision time
                 reset_ok = True
-                t0 = time.perf_counter()  # reset is a one-off, not a decision
+            t0, c0 = time.perf_counter(), time.thread_time()
             requested = {k: int(v) for k, v in (self.policy.step(obs) or {}).items()}
             clamped = clamp_request(self.knobs, requested, machine.cpus, machine.memory_free_bytes)
             decision_ms = (time.perf_counter() - t0) * 1e3
+            decision_cpu_ms = (time.thread_time() - c0) * 1e3
             with self._lock:
                 self._decision_ms.append(decision_ms)
+                self._decision_cpu_ms.append(decision_cpu_ms)
         except Exception as exc:  # noqa: BLE001
             self._fail("policy", exc)
             error = f"policy: {type(exc).__name__}: {exc}"
@@ -294,6 +300,7 @@ class Tuner:
             "requested": requested,
             "applied": applied,
             "decision_ms": decision_ms,
+            "decision_cpu_ms": decision_cpu_ms,
             "error": error,
             "stages": {
                 s.name: {
