@@ -93,10 +93,25 @@ class Origin:
             segments = self.table.segments_of(self.row_ids)
         if not segments:
             return "rows of unknown origin"
+        segments = _merge_by_file(segments)
         words = [s.describe() for s in segments[:limit]]
         if len(segments) > limit:
             words.append(f"and {len(segments) - limit} more ranges")
         return "; ".join(words)
+
+
+def _merge_by_file(segments: list[Segment]) -> list[Segment]:
+    """One range per file where the source numbers rows per file (``file_of``), else as given."""
+    merged: dict[tuple[int, int], Segment] = {}
+    for s in segments:
+        file_of = getattr(s.source, "file_of", None)
+        key = (id(s.source), file_of(s.unit) if file_of is not None else -1 - s.unit)
+        if key in merged:
+            m = merged[key]
+            merged[key] = Segment(m.source, m.unit, min(m.lo, s.lo), max(m.hi, s.hi))
+        else:
+            merged[key] = s
+    return list(merged.values())
 
 
 def merge_origins(origins: Sequence[Origin]) -> Origin:

@@ -130,9 +130,12 @@ class ParquetSource(Source):
 
         return split_rows(chunk, origin, self.chunk_rows)
 
+    def file_of(self, unit: int) -> int:
+        """Rows are numbered per file, so ranges of one file can be merged in messages."""
+        return self._plan[unit][0] if self._plan else 0
+
     def describe(self, unit: int, lo: int, hi: int) -> str:
-        f = self._plan[unit][0] if self._plan else 0
-        return f"{self.paths[f]} rows {lo}-{hi - 1}"
+        return f"{self.paths[self.file_of(unit)]} rows {lo}-{hi - 1}"
 
 
 def _to_numpy(column: Any) -> np.ndarray:

@@ -9,6 +9,7 @@ and output channel for one epoch. It must not know about the stages around it be
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import traceback
@@ -195,6 +196,12 @@ class ReadStage(PooledStage):
         self.source = source
         super().__init__(name, max_workers if source.parallel else 1)
 
+    def snapshot(self) -> StageMetrics:
+        """As every stage, with malformed lines a reader skipped counted in ``skipped``."""
+        base = super().snapshot()
+        lines = int(getattr(self.source, "skipped_lines", 0))
+        return dataclasses.replace(base, skipped=base.skipped + lines) if lines else base
+
     def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
         if not self.source.parallel:
             out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
@@ -257,7 +264,8 @@ class MapStage(PooledStage):
         if self.on_error == "skip":
             stats.skipped += 1
             return []
-        error = StageError(self.name, item.origin.describe() if item.origin else "a chunk", str(exc), text)
+        cause = str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
+        error = StageError(self.name, item.origin.describe() if item.origin else "a chunk", cause, text)
         raise error from exc
 
     def _result(self, out: Any, item: Item) -> list[Item]:
