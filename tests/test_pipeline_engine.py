@@ -1,0 +1,204 @@
+"""The engine's behaviour: batching, shuffling by seed and epoch, knobs, metrics, memory bounds."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import intune
+from _exactly_once import assert_exactly_once, assert_same_order, delivered_ids
+from intune.pipeline.metrics import PipelineMetrics
+
+
+def chunks(rows=1000, size=100):
+    return [{"id": np.arange(i, i + size), "f": np.arange(i, i + size, dtype=np.float32)} for i in range(0, rows, size)]
+
+
+def test_batches_have_exact_sizes_and_keep_order_without_shuffle():
+    with intune.Pipeline.from_iterable(chunks(980, 70)).batch(64) as pipe:
+        batches = list(pipe)
+    assert [len(b["id"]) for b in batches] == [64] * 15 + [980 - 15 * 64]
+    assert_same_order(delivered_ids(batches), np.arange(980))
+    assert all(np.array_equal(b["id"], b["f"].astype(np.int64)) for b in batches)  # rows stay aligned
+    with intune.Pipeline.from_iterable(chunks(980, 70)).batch(64, drop_last=True) as pipe:
+        assert [len(b["id"]) for b in pipe] == [64] * 15
+
+
+def test_shuffle_is_reproducible_from_seed_and_epoch():
+    def build(seed):
+        return intune.Pipeline.from_iterable(chunks(5000)).shuffle(buffer_rows=1000, seed=seed).batch(100)
+
+    with build(1) as a, build(1) as b, build(2) as c:
+        a0, a1 = delivered_ids(a), delivered_ids(a)
+        b0, b1 = delivered_ids(b), delivered_ids(b)
+        c0 = delivered_ids(c)
+    assert_same_order(a0, b0)
+    assert_same_order(a1, b1)
+    assert not np.array_equal(a0, a1) and not np.array_equal(a0, c0)
+    assert_exactly_once(a0, range(5000))
+    assert_exactly_once(a1, range(5000))
+    assert not np.array_equal(a0, np.arange(5000))
+
+
+def test_map_after_batch_may_change_lengths_and_rows_count_source_rows():
+    def dedup(batch):
+        unique, inverse = np.unique(batch["id"] % 10, return_inverse=True)
+        return {"values": unique, "inverse": inverse}
+
+    with intune.Pipeline.from_iterable(chunks(1000)).batch(250).map(dedup, name="dedup") as pipe:
+        out = list(pipe)
+        assert [len(b["values"]) for b in out] == [10] * 4
+        assert [len(b["inverse"]) for b in out] == [250] * 4
+        m = pipe.metrics()
+    assert m.rows_out == 1000 and m.batches_out == 4
+    assert m.stages["dedup"].rows == 1000 and m.stages["dedup"].items == 4
+
+
+def test_metrics_counters_match_hand_counts():
+    pipe = intune.Pipeline.from_iterable(chunks(1000)).map(lambda c: c, name="udf").batch(64).prefetch(3)
+    with pipe:
+        for _ in range(2):
+            list(pipe)
+        m = pipe.metrics()
+    assert isinstance(m, PipelineMetrics)
+    assert m.rows_out == 2000 and m.batches_out == 2 * 16
+    assert m.stages["read"].items == 20 and m.stages["read"].rows == 2000
+    assert m.stages["udf"].items == 20 and m.stages["udf"].mode == "thread" and m.stages["udf"].workers == 1
+    assert m.stages["batch"].items == 32 and m.stages["prefetch"].queue_capacity == 3
+    assert set(m.stages) == {"read", "udf", "batch", "prefetch"}
+    assert m.consumer_wait_s >= 0 and m.buffered_bytes >= 0
+
+
+def test_metrics_snapshot_is_cheap():
+    pipe = intune.Pipeline.from_iterable(chunks(100)).shuffle(100).map(lambda c: c).batch(10).prefetch(2)
+    with pipe:
+        list(pipe)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            pipe.metrics()
+        assert (time.perf_counter() - t0) / 200 < 0.002
+
+
+def test_knob_names_units_bounds_and_errors():
+    pipe = (
+        intune.Pipeline.from_iterable(chunks(100), max_workers=6, max_mb=512)
+        .shuffle(1000)
+        .map(lambda c: c, name="udf", mode="process")
+        .batch(10)
+        .prefetch(2)
+    )
+    with pipe:
+        knobs = pipe.knobs
+        assert sorted(knobs) == ["prefetch.buffer_mb", "read.workers", "shuffle.buffer_mb", "udf.workers"]
+        assert (knobs["udf.workers"].unit, knobs["udf.workers"].min, knobs["udf.workers"].max) == ("cpu", 1, 6)
+        assert (knobs["prefetch.buffer_mb"].unit, knobs["prefetch.buffer_mb"].max) == ("mb", 512)
+        assert (knobs["read.workers"].min, knobs["read.workers"].max) == (1, 1)  # an iterable is sequential
+        with pytest.raises(ValueError, match=r"udf.workers.*\[1, 6\]"):
+            knobs["udf.workers"].set(7)
+        with pytest.raises(ValueError, match=r"\[1, 512\]"):
+            knobs["shuffle.buffer_mb"].set(0)
+        with pytest.raises(ValueError, match=r"unknown knob 'udf.threads'.*udf.workers"):
+            pipe.set_knob("udf.threads", 2)
+        with pytest.raises(TypeError):
+            knobs["udf.workers"] = None  # the mapping is read-only
+        knobs["udf.workers"].set(4)
+        assert knobs["udf.workers"].value == 4 and pipe.metrics().stages["udf"].workers == 4
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: intune.Pipeline.from_iterable([]).batch(0), r"batch size n = 0 .* >= 1"),
+        (lambda: intune.Pipeline.from_iterable([]).batch(-5), r">= 1"),
+        (lambda: intune.Pipeline.from_iterable([]).prefetch(depth=0), r"depth .* >= 1"),
+        (lambda: intune.Pipeline.from_iterable([]).shuffle(buffer_rows=-1), r"buffer_rows .* >= 1"),
+        (lambda: intune.Pipeline.from_iterable([]).map(len, mode="gpu"), r"'thread' or 'process'"),
+        (lambda: intune.Pipeline.from_iterable([]).map(len, on_error="ignore"), r"'raise' or 'skip'"),
+        (lambda: intune.Pipeline.from_iterable([]).map(len, workers=0), r"workers = 0 .*\[1, "),
+        (lambda: intune.Pipeline.from_parquet("x.parquet", chunk_rows=0), r"chunk_rows = 0 .* >= 1"),
+        (lambda: intune.Pipeline.from_iterable([]).batch(2).batch(3), r"'batch' is already used"),
+    ],
+)
+def test_invalid_arguments_raise_value_error_with_valid_range(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_prefetch_buffer_is_bounded_in_bytes_by_its_knob():
+    big = [{"x": np.zeros(64 * 1024, dtype=np.float64)} for _ in range(40)]  # 0.5 MB each
+    pipe = intune.Pipeline.from_iterable(big).prefetch(depth=100, buffer_mb=2)
+    with pipe:
+        it = iter(pipe)
+        next(it)
+        time.sleep(0.3)  # let the prefetcher fill up
+        held = pipe.metrics().stages["prefetch"].buffered_bytes
+        assert 0 < held <= 2 << 20
+        pipe.knobs["prefetch.buffer_mb"].set(1)
+        for _ in range(6):
+            next(it)
+        time.sleep(0.3)
+        assert pipe.metrics().stages["prefetch"].buffered_bytes <= 1 << 20
+        assert len(list(it)) == 40 - 7
+
+
+def test_shuffle_buffer_is_bounded_in_bytes_by_its_knob():
+    rows = [{"x": np.zeros(16384, dtype=np.float64)} for _ in range(64)]  # 64 chunks of 128 KB
+    pipe = intune.Pipeline.from_iterable(rows).shuffle(buffer_rows=10**9, buffer_mb=2)
+    peak = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak.append((pipe.stage("shuffle").internal_bytes(), pipe.metrics().stages["shuffle"].buffered_bytes))
+            time.sleep(0.001)
+
+    with pipe:
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        n = sum(len(b["x"]) for b in pipe)
+        stop.set()
+        watcher.join()
+    assert n == 64 * 16384
+    # the buffer itself (rows + their 8-byte ids) within the knob; the stage adds its 2-chunk output queue
+    assert 0 < max(p[0] for p in peak) <= 2 << 20
+    assert max(p[1] for p in peak) <= (2 << 20) + 2 * 128 * 1024
+
+
+def test_non_deterministic_mode_delivers_exactly_once():
+    def jitter(chunk):
+        time.sleep(0.002 * (chunk["id"][0] % 3))
+        return chunk
+
+    pipe = intune.Pipeline.from_iterable(chunks(3000), deterministic=False).map(jitter, workers=3).batch(50)
+    with pipe:
+        assert_exactly_once(delivered_ids(pipe), range(3000))
+
+
+def test_iterating_again_starts_a_new_epoch_even_midway():
+    pipe = intune.Pipeline.from_iterable(chunks(1000)).map(lambda c: c, mode="process").batch(100)
+    with pipe:
+        it = iter(pipe)
+        next(it)
+        assert_exactly_once(delivered_ids(pipe), range(1000))  # abandons the first epoch
+        assert_exactly_once(delivered_ids(pipe), range(1000))
+
+
+def test_closed_pipeline_refuses_iteration_and_is_idempotent():
+    pipe = intune.Pipeline.from_iterable(chunks(100))
+    pipe.close()
+    pipe.close()
+    with pytest.raises(ValueError, match="closed"):
+        iter(pipe)
+
+
+def test_closure_udf_runs_in_a_process_worker():
+    scale = 3.0
+    offsets = {"f": 1.0}
+
+    def affine(chunk):
+        return {"id": chunk["id"], "f": chunk["f"] * scale + offsets["f"]}
+
+    with intune.Pipeline.from_iterable(chunks(500)).map(affine, mode="process").batch(500) as pipe:
+        (batch,) = list(pipe)
+    np.testing.assert_allclose(batch["f"], np.arange(500) * 3.0 + 1.0)
