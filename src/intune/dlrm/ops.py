@@ -59,12 +59,13 @@ def missing_mask(values: np.ndarray) -> np.ndarray:
 def hex_to_int(values: np.ndarray, column: str = "?") -> tuple[np.ndarray, np.ndarray]:
     """Hex ID strings (object, ``S`` or ``U`` arrays; up to 15 digits) to int64 and a missing mask.
 
-    Works column-wise over digit positions, not row-wise. Integer input is returned as is (already
-    decoded upstream). A non-hex character raises ``ValueError`` naming the column and row.
+    Works column-wise over digit positions, not row-wise. Integer input was decoded upstream and is
+    returned as is, negative values (the Criteo reader's -1) marked missing. A non-hex character raises ``ValueError`` naming the column and row.
     """
     values = np.asarray(values)
-    if values.dtype.kind in "iu":
-        return values.astype(np.int64, copy=False), np.zeros(values.shape, dtype=bool)
+    if values.dtype.kind in "iu":  # decoded upstream (the engine's Criteo reader: -1 = missing)
+        ids = values.astype(np.int64, copy=False)
+        return ids, ids < 0
     missing = missing_mask(values)
     if values.dtype.kind == "O":
         present = values[~missing]

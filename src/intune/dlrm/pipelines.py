@@ -1,9 +1,10 @@
 """Two ready preprocessing UDFs for Criteo-format chunks: ``dlrm_standard`` and ``dlrm_heavy``.
 
-Both take a chunk with ``label``, ``I1..I13`` and ``C1..C26`` (as the engine's Parquet and Criteo TSV
-readers give them: counts as integers or floats with NaN for missing, IDs as hex strings in object,
-``S`` or ``U`` arrays) and return the model's input: ``dense`` (rows, 13) float32, ``sparse``
-(rows, features) int64 indices already inside each table, and ``label`` float32.
+Both take a chunk with ``label``, ``I1..I13`` and ``C1..C26`` as the engine's readers give them:
+counts as integers or floats with NaN for missing; IDs as hex strings (object, ``S`` or ``U`` arrays,
+None or empty for missing: the generated Parquet) or as decoded int64 with -1 for missing (the Criteo
+TSV reader and Parquet converted from it). They return the model's input: ``dense`` (rows, 13)
+float32, ``sparse`` (rows, features) int64 indices inside each table, and ``label`` float32.
 
 - ``dlrm_standard``: the DLRM reference preprocessing, vectorised (missing counts to 0, negatives to
   0, log(x + 1); hex IDs modulo the table size). Cheap: the reader dominates.
@@ -95,6 +96,7 @@ class DlrmHeavy:
         hashed_rows = [s - b for s, b in zip(sizes, hashed_base, strict=True)]
         dense_cols = [np.asarray(chunk[c]).tolist() for c in DENSE_COLUMNS]
         sparse_cols = [np.asarray(chunk[c]).tolist() for c in SPARSE_COLUMNS]
+        is_text = [np.asarray(chunk[c]).dtype.kind not in "iu" for c in SPARSE_COLUMNS]
         crosses = self.crosses
         cross_size = self.table_size
         log1p = math.log1p
@@ -110,11 +112,17 @@ class DlrmHeavy:
                     counts.append(log1p(v))
             ids = []
             for f, col in enumerate(sparse_cols):
-                text = col[i]
-                if not text:
+                value = col[i]
+                if is_text[f]:
+                    if not value:  # None or empty: missing
+                        ids.append(0)
+                        continue
+                    raw = int(value, 16)  # parse the hex ID
+                elif value < 0:  # already decoded by the reader; -1 = missing
                     ids.append(0)
                     continue
-                raw = int(text, 16)
+                else:
+                    raw = value
                 known = vocabs[f].get(raw)
                 ids.append(known if known is not None else hashed_base[f] + raw % hashed_rows[f])
             for a, b in crosses:
