@@ -55,6 +55,7 @@ def plot_history(rows: Sequence[dict[str, Any]], out: str | Path, title: str = "
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if not rows:
         raise ValueError("the history is empty: nothing to plot")
@@ -74,6 +75,7 @@ def plot_history(rows: Sequence[dict[str, Any]], out: str | Path, title: str = "
         ax_alloc.step(x, [r["knobs"].get(name, 0) for r in rows], where="post", label=name)
     ax_alloc.step(x, [r["cpus"] for r in rows], where="post", color="black", ls="--", label="CPUs available")
     ax_alloc.set_ylabel("workers")
+    ax_alloc.yaxis.set_major_locator(MaxNLocator(integer=True))
     if mb_knobs:
         ax_mb = ax_alloc.twinx()
         for name in mb_knobs:
