@@ -1,0 +1,194 @@
+"""The throughput and memory model of a pipeline: pure, vectorised numpy functions of an allocation.
+
+Owns the formulas (DESIGN section 4) that the simulator steps through and the oracle searches over:
+
+- stage i has CPU seconds per row ``c_i`` (times its drift multiplier), I/O seconds per row ``o_i``;
+  ``w`` workers act like ``eff(w) = w / (1 + contention * (w - 1))`` workers, so its capacity is
+  ``cap_i = eff(w_i) / (c_i + o_i)`` rows/s (I/O is hidden by more workers and burns no CPU);
+- a GIL-bound thread stage holds the GIL ``gil * c_i`` seconds per row, one thread at a time:
+  ``cap_i <= 1 / (gil * c_i)`` (a pure-Python thread stage gains nothing past one CPU);
+- its output buffer of ``n_i`` items absorbs the variance of its per-item cost:
+  ``rate_i = cap_i * (1 - v_i / (1 + n_i))`` with ``v_i = min(0.9, cv_i**2 / 2)`` (a deeper buffer
+  absorbs more, and a steady stage loses nothing);
+- the CPUs bound the pipeline: ``T <= eta * C / sum_i c_i`` with the oversubscription efficiency
+  ``eta = 1 / (1 + k * max(0, W / C - 1))`` when the ``W`` workers outnumber the ``C`` CPUs;
+- ``T = min(min_i rate_i, eta * C / sum_i c_i, demand)`` where demand is the consumer's rows/s
+  (``batch_size / model_latency``; unbounded when the model latency is 0).
+
+Memory: ``base + sum fixed_i + sum w_i * (worker_mb_i + inflight_i * bytes_per_item_i) + buffered``,
+where buffered bytes are at most each stage's buffer capacity (all full: the worst case).
+
+Every function is monotone in the way the oracle's proof needs: stage rates grow with workers and
+buffer MB, memory grows with both, and the CPU bound does not depend on the allocation while the
+workers fit in the CPUs. It must not hold state, draw noise or know about ticks: that is the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from intune.sim.spec import WorkloadSpec
+
+MB = 1 << 20
+GB = 1 << 30
+FILL_SHARPNESS = 8.0  # how sharply a queue fills as its upstream outpaces its downstream
+DEFAULT_WORKER_MB = {"thread": 8.0, "process": 120.0}
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The spec as arrays (one entry per stage), at the machine's GHz, before drift."""
+
+    names: tuple[str, ...]
+    cpu_s_per_row: np.ndarray
+    io_s_per_row: np.ndarray
+    contention: np.ndarray
+    gil_fraction: np.ndarray  # 0 for process stages
+    variance_loss: np.ndarray  # v_i
+    rows_per_item: np.ndarray
+    bytes_per_item: np.ndarray
+    worker_bytes: np.ndarray  # per worker: its own memory plus the items it holds
+    fixed_bytes: np.ndarray
+    queue_items: np.ndarray  # depth of a stage's output queue when it has no buffer knob
+    has_buffer: np.ndarray  # bool
+    drift_amplitude: np.ndarray
+    drift_period_s: np.ndarray
+    base_bytes: float
+    limit_bytes: float
+    host_bytes: float
+    oversubscription_cost: float
+    batch_size: int
+    model_latency_s: float
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.names)
+
+    @property
+    def demand(self) -> float:
+        """Rows/s the consumer takes; 0 means unbounded (model latency 0)."""
+        return self.batch_size / self.model_latency_s if self.model_latency_s > 0 else 0.0
+
+
+def params_from_spec(spec: WorkloadSpec) -> ModelParams:
+    m = spec.machine
+    ghz_scale = (spec.reference_ghz or m.cpu_ghz) / m.cpu_ghz
+    rpi = np.array(spec.rows_per_item(), dtype=float)
+    bpr = np.array([s.bytes_per_row if s.bytes_per_row is not None else spec.bytes_per_row for s in spec.stages])
+    copy_us = np.array([s.copies for s in spec.stages]) * bpr / (m.mem_bandwidth_gbs * 1e3)  # us per row
+    cpu_us = np.array([s.cpu_us_per_row for s in spec.stages]) + np.array(
+        [s.item_overhead_us for s in spec.stages]
+    ) / rpi
+    worker_mb = np.array([s.worker_mb if s.worker_mb is not None else DEFAULT_WORKER_MB[s.mode] for s in spec.stages])
+    bpi = bpr * rpi
+    return ModelParams(
+        names=spec.stage_names,
+        cpu_s_per_row=(cpu_us * ghz_scale + copy_us) * 1e-6,
+        io_s_per_row=np.array([s.io_us_per_row for s in spec.stages]) * 1e-6,
+        contention=np.array([s.contention for s in spec.stages], dtype=float),
+        gil_fraction=np.array([s.gil_fraction if s.mode == "thread" else 0.0 for s in spec.stages], dtype=float),
+        variance_loss=np.minimum(0.9, 0.5 * np.array([s.cpu_cv for s in spec.stages], dtype=float) ** 2),
+        rows_per_item=rpi,
+        bytes_per_item=bpi,
+        worker_bytes=worker_mb * MB + np.array([s.inflight_items for s in spec.stages]) * bpi,
+        fixed_bytes=np.array([s.fixed_mb for s in spec.stages], dtype=float) * MB,
+        queue_items=np.array([s.queue_items for s in spec.stages], dtype=float),
+        has_buffer=np.array([s.buffer is not None for s in spec.stages]),
+        drift_amplitude=np.array([s.drift.amplitude for s in spec.stages], dtype=float),
+        drift_period_s=np.array([s.drift.period_s for s in spec.stages], dtype=float),
+        base_bytes=float(m.base_memory_gb * GB),
+        limit_bytes=float(m.memory_limit_gb * GB),
+        host_bytes=float(m.host_memory_gb * GB),
+        oversubscription_cost=m.oversubscription_cost,
+        batch_size=spec.batch_size,
+        model_latency_s=spec.consumer.model_latency_s,
+    )
+
+
+# ------------------------------------------------------------------------------------------ throughput
+
+def effective_workers(workers: np.ndarray, contention: np.ndarray) -> np.ndarray:
+    """The scaling curve: ``w / (1 + contention * (w - 1))`` (1 worker is 1; the limit is 1/contention)."""
+    w = np.asarray(workers, dtype=float)
+    return w / (1.0 + contention * np.maximum(w - 1.0, 0.0))
+
+
+def stage_capacity(p: ModelParams, workers: np.ndarray, cpu_mult: np.ndarray | float = 1.0,
+                   cpu_share: float = 1.0) -> np.ndarray:
+    """Rows/s each stage can process with ``workers``, each worker getting ``cpu_share`` of a CPU."""
+    c = p.cpu_s_per_row * cpu_mult
+    cap = effective_workers(workers, p.contention) / (c / cpu_share + p.io_s_per_row)
+    gil = p.gil_fraction * c
+    return np.where(gil > 0, np.minimum(cap, cpu_share / np.where(gil > 0, gil, 1.0)), cap)
+
+
+def buffer_items(p: ModelParams, buffer_mb: np.ndarray) -> np.ndarray:
+    """Items each stage's output buffer holds: its knob's MB / item bytes, else its fixed queue depth."""
+    return np.where(p.has_buffer, np.asarray(buffer_mb, dtype=float) * MB / p.bytes_per_item, p.queue_items)
+
+
+def buffer_factor(p: ModelParams, buffer_mb: np.ndarray) -> np.ndarray:
+    """Share of capacity kept despite cost variance: ``1 - v / (1 + n)``."""
+    return 1.0 - p.variance_loss / (1.0 + buffer_items(p, buffer_mb))
+
+
+def stage_rates(p: ModelParams, workers: np.ndarray, buffer_mb: np.ndarray,
+                cpu_mult: np.ndarray | float = 1.0) -> np.ndarray:
+    """Rows/s each stage sustains: capacity times the buffer factor."""
+    return stage_capacity(p, workers, cpu_mult) * buffer_factor(p, buffer_mb)
+
+
+def cpu_efficiency(total_workers: float, cpus: float, cost: float) -> float:
+    """``1 / (1 + cost * max(0, W / C - 1))``: context switches when workers outnumber CPUs."""
+    return 1.0 / (1.0 + cost * max(0.0, total_workers / cpus - 1.0))
+
+
+def cpu_bound(p: ModelParams, total_workers: float, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
+    """Rows/s the CPUs allow: ``eta * C / sum_i c_i``."""
+    per_row = float(np.sum(p.cpu_s_per_row * cpu_mult))
+    eta = cpu_efficiency(total_workers, cpus, p.oversubscription_cost)
+    return eta * cpus / per_row if per_row > 0 else float("inf")
+
+
+def throughput(p: ModelParams, workers, buffer_mb, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
+    """Steady-state rows/s delivered to the consumer: ``min(min_i rate_i, CPU bound, demand)``."""
+    w = np.asarray(workers, dtype=float)
+    t = min(float(np.min(stage_rates(p, w, buffer_mb, cpu_mult))), cpu_bound(p, float(w.sum()), cpus, cpu_mult))
+    return min(t, p.demand) if p.demand > 0 else t
+
+
+def queue_fill_target(rates: np.ndarray, demand: float) -> np.ndarray:
+    """Steady fill of each output queue: full when everything upstream outpaces everything downstream.
+
+    ``x = min(rates[:i+1]) / min(rates[i+1:], demand)``; fill ``x^k / (1 + x^k)`` (half full when equal).
+    """
+    up = np.minimum.accumulate(rates)
+    down = np.empty_like(rates)
+    down[-1] = demand if demand > 0 else np.inf
+    if len(rates) > 1:
+        down[:-1] = np.minimum.accumulate(rates[:0:-1])[::-1]
+        if demand > 0:
+            down[:-1] = np.minimum(down[:-1], demand)
+    x = np.where(np.isinf(down), 0.0, up / np.where(np.isinf(down), 1.0, down))
+    xk = x ** FILL_SHARPNESS
+    return xk / (1.0 + xk)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+def buffer_capacity_bytes(p: ModelParams, buffer_mb: np.ndarray) -> np.ndarray:
+    """Bytes each stage's output buffer can hold."""
+    return np.where(p.has_buffer, np.asarray(buffer_mb, dtype=float) * MB, p.queue_items * p.bytes_per_item)
+
+
+def memory_bytes(p: ModelParams, workers, buffered_bytes) -> float:
+    """Memory in use: base + fixed + per-worker memory and in-flight items + buffered bytes."""
+    w = np.asarray(workers, dtype=float)
+    return float(p.base_bytes + p.fixed_bytes.sum() + np.dot(w, p.worker_bytes) + np.sum(buffered_bytes))
+
+
+def worst_case_memory(p: ModelParams, workers, buffer_mb) -> float:
+    """Memory with every buffer full: what an allocation must fit in to never OOM."""
+    return memory_bytes(p, workers, buffer_capacity_bytes(p, buffer_mb))

@@ -1,0 +1,116 @@
+"""Random workloads for pretraining the agent: many pipelines unlike each other, all valid specs.
+
+Owns ``random_workload(rng, ...)``: stage count, per-row costs and their shares, I/O share, GIL-bound
+thread stages, process vs thread workers, contention, variance and drift, item sizes, memory (worker
+memory, fixed buffers, a limit that is sometimes tight), CPUs, and a consumer that is sometimes the
+bottleneck. Ranges are wide on purpose (a policy pretrained here must not overfit one pipeline).
+It must not run simulations beyond the one model evaluation that places the consumer's demand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from intune.sim import model
+from intune.sim.spec import (
+    BufferSpec,
+    ConsumerSpec,
+    DriftSpec,
+    MachineSpec,
+    StageSpec,
+    WorkloadSpec,
+    validate,
+    workload_variant,
+)
+
+CPU_CHOICES = (8, 16, 32, 48, 64, 96, 128)
+BATCH_CHOICES = (1024, 4096, 8192, 16384, 24096, 32768, 65536)
+
+
+def _kinds(n: int, rng: np.random.Generator) -> list[str]:
+    if n == 1:
+        return ["read"]
+    middle = list(rng.choice(["map", "udf", "shuffle", "map", "udf"], size=max(0, n - 2)))
+    if n >= 3:
+        middle[int(rng.integers(0, len(middle)))] = "batch"
+    return ["read", *middle, "prefetch"]
+
+
+def random_workload(
+    rng: np.random.Generator | int,
+    n_stages: int | None = None,
+    cpus: int | None = None,
+    *,
+    min_stages: int = 2,
+    max_stages: int = 8,
+    consumer_bound_p: float = 0.3,
+    tight_memory_p: float = 0.3,
+    name: str | None = None,
+) -> WorkloadSpec:
+    """A random valid ``WorkloadSpec``; ``n_stages`` (default uniform in ``[min_stages, max_stages]``)."""
+    rng = np.random.default_rng(rng)
+    n = int(n_stages) if n_stages is not None else int(rng.integers(min_stages, max_stages + 1))
+    if n < 1:
+        raise ValueError(f"n_stages must be >= 1, got {n}")
+    kinds = _kinds(n, rng)
+    total_us = float(np.exp(rng.uniform(np.log(5.0), np.log(200.0))))  # per-row latency of the pipeline
+    shares = rng.dirichlet(np.full(n, 1.0))
+    stages = []
+    for i, kind in enumerate(kinds):
+        latency = total_us * shares[i] + 0.05
+        io_share = rng.uniform(0.3, 0.95) if kind == "read" else (rng.uniform(0.0, 0.5) if rng.random() < 0.2 else 0.0)
+        process = kind in ("map", "udf", "batch") and rng.random() < 0.5
+        gil = 0.0
+        if not process and kind != "read":
+            gil = rng.uniform(0.5, 1.0) if rng.random() < 0.3 else rng.uniform(0.0, 0.2)
+        has_buffer = kind == "prefetch" or rng.random() < 0.2
+        buf = None
+        if has_buffer:
+            hi = int(rng.choice([1024, 4096, 16384, 65536]))
+            buf = BufferSpec(min=8, max=hi, default=min(hi, int(rng.choice([16, 32, 64, 128]))))
+        stages.append(StageSpec(
+            name=f"{kind}{i}",
+            kind=kind,
+            mode="process" if process else "thread",
+            cpu_us_per_row=latency * (1.0 - io_share),
+            io_us_per_row=latency * io_share,
+            item_overhead_us=float(rng.choice([0.0, 0.0, rng.uniform(10.0, 3000.0)])),
+            cpu_cv=float(rng.uniform(0.0, 0.8)),
+            contention=0.0 if rng.random() < 0.3 else float(np.exp(rng.uniform(np.log(1e-4), np.log(0.05)))),
+            gil_fraction=float(gil),
+            copies=1.0 if kind == "prefetch" else 0.0,
+            bytes_per_row=float(rng.uniform(64.0, 1024.0)),
+            worker_mb=float(rng.uniform(80.0, 300.0) if process else rng.uniform(4.0, 32.0)),
+            fixed_mb=float(rng.uniform(256.0, 8192.0)) if kind == "shuffle" else 0.0,
+            queue_items=int(rng.integers(1, 5)),
+            max_workers=128,
+            buffer=buf,
+            drift=DriftSpec(amplitude=float(rng.uniform(0.0, 0.3)) if rng.random() < 0.5 else 0.0,
+                            period_s=float(rng.uniform(300.0, 3600.0))),
+        ))
+    cpus = int(cpus) if cpus is not None else int(rng.choice(CPU_CHOICES))
+    base_gb = float(rng.uniform(1.0, 16.0))
+    fixed_gb = sum(s.fixed_mb for s in stages) / 1024
+    worker_gb = sum(s.worker_mb for s in stages) * min(cpus, 128) / len(stages) / 1024
+    headroom = rng.uniform(0.3, 1.0) if rng.random() < tight_memory_p else rng.uniform(1.5, 4.0)
+    limit_gb = base_gb + fixed_gb + max(1.0, worker_gb * headroom) + 1.0
+    spec = WorkloadSpec(
+        name=name or f"random-{n}x{cpus}",
+        stages=tuple(stages),
+        machine=MachineSpec(cpus=cpus, memory_limit_gb=limit_gb, host_memory_gb=limit_gb * float(rng.uniform(1.5, 8.0)),
+                            base_memory_gb=base_gb, cpu_ghz=float(rng.uniform(2.0, 3.5)),
+                            mem_bandwidth_gbs=float(rng.uniform(10.0, 40.0)),
+                            restart_delay_s=float(rng.uniform(20.0, 120.0)),
+                            oversubscription_cost=float(rng.uniform(0.1, 0.5))),
+        consumer=ConsumerSpec(model_latency_s=0.0),
+        batch_size=int(rng.choice(BATCH_CHOICES)),
+        chunk_rows=int(rng.choice([256, 1024, 2048, 4096])),
+        description="random pretraining workload",
+    )
+    spec = validate(spec)
+    if rng.random() < consumer_bound_p:  # a trainer that the tuned pipeline can outrun
+        p = model.params_from_spec(spec)
+        none = model.throughput(p, np.ones(n), np.where(p.has_buffer, [s.buffer.default if s.buffer else 0 for s in stages], 0), cpus)
+        demand = none * float(rng.uniform(2.0, 20.0))
+        spec = workload_variant(spec, name=spec.name, model_latency_s=spec.batch_size / demand)
+    return spec

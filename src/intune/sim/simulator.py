@@ -1,0 +1,266 @@
+"""The simulator: a pipeline on a machine, stepped one tick at a time, seen through Observations.
+
+Owns the state that changes over ticks (knob values, buffered bytes, the OOM/restart clock, drift and
+noise streams) and turns the pure model of ``intune.sim.model`` into the same
+``intune.observation.Observation`` the live tuner produces, with measurement noise. Knobs are real
+``intune.knobs.Knob`` objects: setting one changes the simulated allocation from the next tick on.
+It must not choose allocations (policies do) nor search for the optimum beyond delegating to
+``intune.sim.oracle``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from intune.knobs import Knob
+from intune.observation import Observation, StageObservation
+from intune.sim import model
+from intune.sim.schedule import CpuSchedule, constant_schedule
+from intune.sim.spec import WorkloadSpec, load_workload, workload_variant
+
+_BLOCK = 512  # ticks of drift and noise drawn at once
+
+
+class Simulator:
+    """A simulated pipeline. ``reset()`` then ``step()`` every tick; knobs in ``self.knobs``.
+
+    - ``cpus``: an int, a ``CpuSchedule`` (e.g. ``paper_schedule(...)``) or None for the spec's CPUs.
+    - ``memory_limit_gb`` / ``model_latency_s``: override the spec's (None keeps the spec's).
+    - ``noise``: relative standard deviation of the measurement noise on observed rates and costs
+      (and of the realised throughput around the model's).
+    - ``buffer_fill_rate``: share of the gap to its steady fill that a buffer closes per second.
+    """
+
+    def __init__(
+        self,
+        spec: WorkloadSpec | str | Path,
+        cpus: int | CpuSchedule | None = None,
+        memory_limit_gb: float | None = None,
+        seed: int = 0,
+        dt_s: float = 1.0,
+        model_latency_s: float | None = None,
+        noise: float = 0.02,
+        buffer_fill_rate: float = 0.3,
+    ) -> None:
+        if not isinstance(spec, WorkloadSpec):
+            spec = load_workload(spec)
+        if memory_limit_gb is not None or model_latency_s is not None:
+            spec = workload_variant(spec, name=spec.name, memory_limit_gb=memory_limit_gb,
+                                    model_latency_s=model_latency_s)
+        if dt_s <= 0:
+            raise ValueError(f"dt_s must be > 0, got {dt_s}")
+        self.spec = spec
+        self.params = model.params_from_spec(spec)
+        if cpus is None:
+            cpus = spec.machine.cpus
+        self.schedule = cpus if isinstance(cpus, CpuSchedule) else constant_schedule(int(cpus))
+        self.dt_s = float(dt_s)
+        self.noise = float(noise)
+        self.seed = seed
+        self._alpha = 1.0 - math.exp(-buffer_fill_rate * self.dt_s)
+        self._restart_ticks = int(math.ceil(spec.machine.restart_delay_s / self.dt_s))
+        self._rng = np.random.default_rng(seed)
+        n = self.params.n_stages
+        self._workers = np.ones(n)
+        self._buffer_mb = np.array([s.buffer.default if s.buffer else 0 for s in spec.stages], dtype=float)
+        self.knobs: dict[str, Knob] = {}
+        for i, s in enumerate(spec.stages):
+            self.knobs[f"{s.name}.workers"] = Knob(
+                f"{s.name}.workers", "cpu", 1, s.max_workers,
+                get=lambda i=i: int(self._workers[i]), set=lambda v, i=i: self._set_workers(i, v))
+            if s.buffer is not None:
+                self.knobs[f"{s.name}.buffer_mb"] = Knob(
+                    f"{s.name}.buffer_mb", "mb", s.buffer.min, s.buffer.max,
+                    get=lambda i=i: int(self._buffer_mb[i]), set=lambda v, i=i: self._set_buffer(i, v))
+        self._stage_names = [s.name for s in spec.stages]
+        self._demand = self.params.demand
+        self._ghz = spec.machine.cpu_ghz
+        self._bw = spec.machine.mem_bandwidth_gbs
+        self._phases = np.zeros(n)
+        self.reset()
+
+    # ---------------------------------------------------------------------------------------- knobs
+    def _set_workers(self, i: int, v: int) -> None:
+        self._workers[i] = v
+        self._alloc_changed = True
+
+    def _set_buffer(self, i: int, v: int) -> None:
+        self._buffer_mb[i] = v
+        self._alloc_changed = True
+
+    def allocation(self) -> dict[str, int]:
+        """Current knob values by knob name."""
+        return {name: k.value for name, k in self.knobs.items()}
+
+    def _arrays(self, alloc: dict[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+        w, b = self._workers.copy(), self._buffer_mb.copy()
+        for name, value in (alloc or {}).items():
+            if name not in self.knobs:
+                raise ValueError(f"unknown knob {name!r}; knobs are {sorted(self.knobs)}")
+            stage, setting = name.rsplit(".", 1)
+            (w if setting == "workers" else b)[self._stage_names.index(stage)] = value
+        return w, b
+
+    # ---------------------------------------------------------------------------------------- state
+    @property
+    def tick(self) -> int:
+        return self._tick
+
+    @property
+    def cpus(self) -> int:
+        return self.schedule.cpus_at(self._tick)
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        return self.params.limit_bytes
+
+    def reset(self, seed: int | None = None) -> Observation:
+        """Back to tick 0 with the spec's default knob values and empty buffers; returns tick 0's observation.
+
+        With ``seed``, the random streams restart from it; without, they continue (a new episode).
+        """
+        if seed is not None:
+            self.seed = seed
+            self._rng = np.random.default_rng(seed)
+        self._workers[:] = 1
+        self._buffer_mb[:] = [s.buffer.default if s.buffer else 0 for s in self.spec.stages]
+        self._buffered = np.zeros(self.params.n_stages)
+        self._phases = self._rng.uniform(0.0, 2.0 * np.pi, self.params.n_stages)
+        self._tick = 0
+        self._down_until = 0
+        self._alloc_changed = True
+        self.ooms = 0
+        self._block_start = -_BLOCK  # forces a draw
+        return self._advance(0)
+
+    def step(self) -> Observation:
+        """Advance one tick with the current knob values."""
+        self._tick += 1
+        return self._advance(self._tick)
+
+    def cpu_multipliers(self, tick: int | None = None) -> np.ndarray:
+        """Each stage's drift multiplier of its CPU cost at ``tick`` (default: now)."""
+        t = self._tick if tick is None else tick
+        p = self.params
+        return 1.0 + p.drift_amplitude * np.sin(2.0 * np.pi * t * self.dt_s / p.drift_period_s + self._phases)
+
+    def _draw(self, tick: int) -> None:
+        self._block_start = tick
+        ticks = np.arange(tick, tick + _BLOCK)[:, None]
+        p = self.params
+        self._mult_block = 1.0 + p.drift_amplitude * np.sin(
+            2.0 * np.pi * ticks * self.dt_s / p.drift_period_s + self._phases)
+        self._noise_block = 1.0 + self.noise * self._rng.standard_normal((_BLOCK, 2 + 3 * p.n_stages))
+        np.maximum(self._noise_block, 0.0, out=self._noise_block)
+
+    # ------------------------------------------------------------------------------------ the model
+    def true_throughput(self, alloc: dict[str, int] | None = None, cpus: int | None = None) -> float:
+        """Noise-free steady-state rows/s of ``alloc`` (knob name -> value; missing knobs keep their
+        current values) on ``cpus`` (default: now), at the current drift."""
+        w, b = self._arrays(alloc)
+        return model.throughput(self.params, w, b, self.cpus if cpus is None else cpus, self.cpu_multipliers())
+
+    def worst_case_memory(self, alloc: dict[str, int] | None = None) -> float:
+        w, b = self._arrays(alloc)
+        return model.worst_case_memory(self.params, w, b)
+
+    def optimum(self, cpus: int | None = None) -> tuple[dict[str, int], float]:
+        """The oracle's best allocation on ``cpus`` (default: now) at the current drift, and its rows/s."""
+        from intune.sim.oracle import search_optimum
+
+        return search_optimum(self, self.cpus if cpus is None else cpus)
+
+    # ------------------------------------------------------------------------------------------ tick
+    def _advance(self, t: int) -> Observation:
+        if t - self._block_start >= _BLOCK or t < self._block_start:
+            self._draw(t)
+        row = t - self._block_start
+        cpus = self.schedule.cpus_at(t)
+        p = self.params
+        if t < self._down_until:
+            return self._down_observation(t, cpus)
+        mult = self._mult_block[row]
+        z = self._noise_block[row]
+        w = self._workers
+        if self._alloc_changed:
+            self._factor = model.buffer_factor(p, self._buffer_mb)
+            self._cap_bytes = model.buffer_capacity_bytes(p, self._buffer_mb)
+            self._alloc_changed = False
+        caps = model.stage_capacity(p, w, mult)
+        rates = caps * self._factor
+        t_stage = float(rates.min())
+        total_w = float(w.sum())
+        eta = model.cpu_efficiency(total_w, cpus, p.oversubscription_cost)
+        c = p.cpu_s_per_row * mult
+        cpu_per_row = float(c.sum())
+        t_cpu = eta * cpus / cpu_per_row
+        T = min(t_stage, t_cpu)
+        if self._demand > 0:
+            T = min(T, self._demand)
+        if t_cpu < t_stage:  # CPU-bound: every worker gets a fair share of the CPUs
+            caps = model.stage_capacity(p, w, mult, cpu_share=t_cpu / t_stage)
+            rates = caps * self._factor
+        fill = model.queue_fill_target(rates, self._demand)
+        self._buffered += self._alpha * (fill * self._cap_bytes - self._buffered)
+        mem = model.memory_bytes(p, w, self._buffered)
+        self.last_model_throughput = T = float(T)
+        self.last_cpu_used = min(float(cpus), T * cpu_per_row / eta)
+        if mem > p.limit_bytes:
+            return self._oom(t, cpus, mem)
+        self.last_memory_bytes = mem
+        realised = float(T * z[0])
+        busy = np.minimum(1.0, T / caps)
+        idle = 1.0 - busy
+        queue_fill = self._buffered / self._cap_bytes
+        upstream_empty = np.empty_like(queue_fill)
+        upstream_empty[0] = 0.0
+        upstream_empty[1:] = 1.0 - queue_fill[:-1]
+        block_w = queue_fill / np.maximum(queue_fill + upstream_empty, 1e-12)
+        n = p.n_stages
+        rpi = p.rows_per_item
+        items = realised / rpi * z[2:2 + n]
+        cpu_item = c * rpi / eta * z[2 + n:2 + 2 * n]
+        wall_item = w * rpi / caps * z[2 + 2 * n:]
+        stages = tuple(map(
+            StageObservation,
+            self._stage_names, w.astype(int).tolist(), self._buffer_mb.astype(int).tolist(), items.tolist(),
+            (items * rpi).tolist(), cpu_item.tolist(), wall_item.tolist(), p.bytes_per_item.tolist(), busy.tolist(),
+            (idle * (1.0 - block_w)).tolist(), (idle * block_w).tolist(), queue_fill.tolist(), self._buffered.tolist(),
+        ))
+        return Observation(
+            tick=t, dt_s=self.dt_s, throughput=realised, step_time_s=p.model_latency_s, cpus=float(cpus),
+            memory_used_bytes=float(mem * z[1]), memory_limit_bytes=p.limit_bytes, stages=stages,
+            cpu_ghz=self._ghz, mem_bandwidth_gbs=self._bw, oom=False, demand=self._demand,
+            host_memory_free_bytes=p.host_bytes - mem,
+        )
+
+    def _oom(self, t: int, cpus: int, mem: float) -> Observation:
+        """The job is killed: zero throughput now and for the restart delay; buffers are lost."""
+        self.ooms += 1
+        self._down_until = t + 1 + self._restart_ticks
+        self._buffered[:] = 0.0
+        self.last_model_throughput = 0.0
+        self.last_cpu_used = 0.0
+        self.last_memory_bytes = mem
+        return self._idle_observation(t, cpus, mem, oom=True)
+
+    def _down_observation(self, t: int, cpus: int) -> Observation:
+        self.last_model_throughput = 0.0
+        self.last_cpu_used = 0.0
+        self.last_memory_bytes = self.params.base_bytes
+        return self._idle_observation(t, cpus, self.params.base_bytes, oom=False)
+
+    def _idle_observation(self, t: int, cpus: int, mem: float, oom: bool) -> Observation:
+        p = self.params
+        stages = tuple(
+            StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0)
+            for name, w, b, bpi in zip(self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item)
+        )
+        return Observation(
+            tick=t, dt_s=self.dt_s, throughput=0.0, step_time_s=p.model_latency_s, cpus=float(cpus),
+            memory_used_bytes=mem, memory_limit_bytes=p.limit_bytes, stages=stages, cpu_ghz=self._ghz,
+            mem_bandwidth_gbs=self._bw, oom=oom, demand=self._demand, host_memory_free_bytes=p.host_bytes - mem,
+        )

@@ -1,0 +1,137 @@
+"""The simulator's ticks: observations, OOM and restart, CPU schedules, determinism, episodes, speed."""
+
+import time
+
+import numpy as np
+import pytest
+
+from intune.observation import Observation
+from intune.policies import even_split
+from intune.sim import (
+    Simulator,
+    load_workload,
+    paper_schedule,
+    random_workload,
+    run_episode,
+    spec_from_dict,
+    stepped_schedule,
+)
+
+
+def _spec(**machine):
+    return spec_from_dict({
+        "name": "tiny", "batch_size": 1000, "chunk_rows": 1000, "bytes_per_row": 1000,
+        "machine": {"cpus": 8, "memory_limit_gb": 4, "host_memory_gb": 64, "base_memory_gb": 1,
+                    "restart_delay_s": 3, **machine},
+        "stages": [
+            {"name": "read", "cpu_us_per_row": 2.0, "io_us_per_row": 8.0,
+             "buffer": {"min": 1, "max": 8192, "default": 16}},
+            {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 5.0},
+        ],
+    })
+
+
+class EvenSplit:
+    """The paper's heuristic, written here so the simulator's tests do not depend on policies/."""
+
+    name = "even"
+
+    def reset(self, knobs, observation):
+        self.knobs = knobs
+
+    def step(self, observation):
+        return even_split(self.knobs, observation.cpus)
+
+
+def test_observation_matches_model_without_noise():
+    sim = Simulator(_spec(), noise=0.0)
+    obs = sim.reset()
+    assert isinstance(obs, Observation) and obs.tick == 0
+    assert set(sim.knobs) == {"read.workers", "read.buffer_mb", "prefetch.workers"}
+    sim.knobs["read.workers"].set(4)
+    obs = sim.step()
+    # read: 4 / 10 us = 400k rows/s; prefetch 1 / 5 us = 200k; CPU 8 / 7 us = 1.14M: prefetch binds
+    assert obs.throughput == pytest.approx(200_000)
+    read = obs.stage("read")
+    assert read.workers == 4 and read.items_per_s == pytest.approx(200.0) and read.rows_per_s == pytest.approx(2e5)
+    # 1000-row items: 2 ms of CPU each; busy wall time per item = 4 workers * 0.5 busy / 200 items/s
+    assert read.cpu_s_per_item == pytest.approx(2e-3) and read.wall_s_per_item == pytest.approx(0.01)
+    assert read.busy == pytest.approx(0.5) and obs.stage("prefetch").busy == pytest.approx(1.0)
+    assert read.blocked == pytest.approx(0.5, abs=0.02) and read.starved == 0.0  # its queue is full
+    assert obs.cpus == 8 and obs.host_memory_free_bytes > obs.memory_limit_bytes - obs.memory_used_bytes
+    assert sim.true_throughput({"read.workers": 8}) == pytest.approx(200_000)
+    assert sim.true_throughput({"prefetch.workers": 4}) == pytest.approx(400_000)
+    assert isinstance(obs.throughput, float) and isinstance(read.busy, float)
+
+
+def test_oom_kills_the_job_for_the_restart_delay():
+    sim = Simulator(_spec(), noise=0.0)
+    sim.reset()
+    # read (4 workers, 400k rows/s) outpaces prefetch (200k rows/s), so read's output buffer fills:
+    # 1 GB base + 8 GB of buffer > the 4 GB limit once it is full
+    sim.knobs["read.buffer_mb"].set(8000)
+    sim.knobs["read.workers"].set(4)
+    seen = [sim.step() for _ in range(40)]
+    first = next(i for i, o in enumerate(seen) if o.oom)
+    assert first > 0 and seen[first].throughput == 0.0  # it took a few ticks for the buffer to fill
+    assert [o.throughput for o in seen[first + 1 : first + 4]] == [0.0, 0.0, 0.0]  # 3 s restart
+    assert seen[first + 4].throughput > 0 and not seen[first + 4].oom
+    assert sim.ooms >= 2  # same configuration, same crash: a crash loop
+    sim.knobs["read.buffer_mb"].set(64)
+    after = [sim.step() for _ in range(40)]
+    assert not any(o.oom for o in after[10:]) and after[-1].throughput == pytest.approx(200_000)
+
+
+def test_schedule_changes_cpus_and_oversubscription_costs():
+    sim = Simulator(_spec(), cpus=stepped_schedule([8, 2], period_ticks=5), noise=0.0)
+    sim.reset()
+    sim.knobs["read.workers"].set(7)
+    cpus = [sim.step().cpus for _ in range(8)]
+    assert cpus == [8, 8, 8, 8, 2, 2, 2, 2]
+    # on 2 CPUs, 8 workers: eta = 1 / (1 + 0.3 * 3); CPU bound 2 / 7 us
+    assert sim.last_model_throughput == pytest.approx(2 / 7e-6 / 1.9)
+    assert paper_schedule(10).levels == (32, 64, 128, 64, 32) and paper_schedule(10).cpus_at(25) == 128
+
+
+def test_same_seed_same_episode_other_seed_differs():
+    def trace(seed):
+        sim = Simulator("criteo", cpus=paper_schedule(20), seed=seed)
+        return run_episode(sim, EvenSplit(), 100).throughput
+
+    assert np.array_equal(trace(3), trace(3))
+    assert not np.array_equal(trace(3), trace(4))
+
+
+def test_run_episode_clamps_to_cpus_and_records_arrays():
+    sim = Simulator("criteo", cpus=paper_schedule(30))
+    result = run_episode(sim, EvenSplit(), 150)
+    assert result.ticks == 150 and list(np.unique(result.cpus)) == [32, 64, 128]
+    workers = sum(result.knobs[k] for k in result.knobs if k.endswith(".workers"))
+    # the allocation in force at tick k was chosen on tick k-1's observation, clamped to its CPUs
+    assert workers[0] <= 32 and (workers[1:] <= result.cpus[:-1]).all()
+    assert workers.max() == 128
+    assert result.summary()["ooms"] == 0 and 0 < result.cpu_util <= 1
+
+
+def test_variants_and_random_workloads_simulate():
+    spec = load_workload("production", cpus=16, batch_size=8192)
+    assert spec.machine.cpus == 16 and spec.batch_size == 8192 and spec.name == "production@cpus=16@batch=8192"
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        spec = random_workload(rng)
+        sim = Simulator(spec)
+        run_episode(sim, EvenSplit(), 20)
+        assert 2 <= len(spec.stages) <= 8
+    assert len(random_workload(1, n_stages=5).stages) == 5
+
+
+def test_speed_is_in_the_thousands_of_ticks_per_second():
+    sim = Simulator("criteo", cpus=64)
+    sim.reset()
+    for name, value in even_split(sim.knobs, 64).items():
+        sim.knobs[name].set(value)
+    start = time.perf_counter()
+    for _ in range(3000):
+        sim.step()
+    rate = 3000 / (time.perf_counter() - start)
+    assert rate > 1500, f"{rate:.0f} ticks/s"  # loose: the target (>= 10,000) is measured by bench sim
