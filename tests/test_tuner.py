@@ -417,3 +417,17 @@ def test_real_pipeline_with_the_heuristic_policy():
     assert rows and tuner.failures == {}
     assert rows[-1]["knobs"]["udf.workers"] == min(4, udf_max)
     assert rows[0]["requested"].get("udf.workers") == 4
+
+
+def test_closing_the_real_pipeline_stops_the_tuner():
+    pipe, _ = _real_pipeline(n_chunks=100_000)
+    tuner = tune(pipe, Flip(), tick_s=0.02, monitor=_monitor())
+    it = iter(tuner)
+    next(it)
+    _wait_for_ticks(tuner, 2)
+    pipe.close()
+    deadline = time.monotonic() + 2.0
+    while tuner.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not tuner.running and tuner.failures == {}
+    tuner.close()  # closing again is harmless
