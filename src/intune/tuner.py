@@ -152,7 +152,7 @@ class Tuner:
 
     @property
     def failures(self) -> dict[str, int]:
-        """How many ticks failed, by where (``monitor``, ``policy``, ``apply``, ``learn``)."""
+        """How many ticks failed, by where (``monitor``, ``policy``, ``apply``, ``learn``, ``tuner``)."""
         with self._lock:
             return dict(self._failures)
 
@@ -231,7 +231,11 @@ class Tuner:
                 prev = None
                 continue
             prev = cur
-            row = self._tick(obs, machine, first=not reset_done)
+            try:
+                row = self._tick(obs, machine, first=not reset_done)
+            except Exception as exc:  # noqa: BLE001 - e.g. a knob that cannot be read while recording
+                self._fail("tuner", exc)
+                continue
             reset_done = reset_done or row.pop("_reset_ok")
             with self._lock:
                 self._history.append(row)
