@@ -296,6 +296,11 @@ class Pipeline:
                 self._knobs[knob.name] = knob
         return self
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
     def stage_names(self) -> list[str]:
         return [s.name for s in self._stages]
 

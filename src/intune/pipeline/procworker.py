@@ -2,7 +2,7 @@
 
 Owns a child's life: start (a fresh interpreter over a socket pair, so neither the parent's threads
 nor its ``__main__`` are involved; the function is sent once with cloudpickle so closures work),
-run one chunk (input through a reused shared-memory segment, result through a fresh one), detect a
+run one chunk (input and result through two reused shared-memory segments), detect a
 death at once (end-of-file on its socket), restart, stop. A parked worker is a child blocked in
 ``recv`` on its pipe: it uses no CPU. This module must not know about channels, ordering or retries
 (the pool decides what to re-run).
@@ -43,7 +43,7 @@ class RemoteError(Exception):
 
 
 def child_main(fd: int) -> None:
-    """The child's loop: receive a task, apply the function, reply with a result segment."""
+    """The child's loop: receive a task, apply the function, reply with the result's layout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     conn = Connection(fd)
     fn_blob, prefix, sys_path = conn.recv()
@@ -51,37 +51,36 @@ def child_main(fd: int) -> None:
     import cloudpickle
 
     fn = cloudpickle.loads(fn_blob)
-    in_name, in_buffer = None, None
-    counter = 0
+    inputs = shm.Mapping_()
+    output = shm.Segment(prefix + "-out")
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
+            output.close()
             return
         if message is None:
+            output.close()
             return
         task_id, name, size, layout = message
-        if name != in_name:
-            if in_buffer is not None:
-                in_buffer.close()
-            in_name, in_buffer = name, (shm.attach(name, size) if size else None)
+        in_buffer = inputs.follow(name, size)
         cpu0 = time.process_time()
         try:
-            result = fn(shm.read(in_buffer, layout))
+            views = shm.read((in_buffer, None), layout, copy=False)
+            passthrough = {id(v): entry for v, entry in zip(views.values(), layout)}
+            result = fn(views)
             if not isinstance(result, dict):
                 raise TypeError(f"the map function must return a dict of arrays, got {type(result).__name__}")
-            out_layout, out_size = shm.plan(result)
-            out_name = f"{prefix}-{counter}"
-            counter += 1
+            out_layout, out_size = shm.plan(result, shm.OUT, passthrough)
             if out_size:
-                segment = shm.create(out_name, out_size)
-                shm.write(segment, result, out_layout)
-                segment.close()
-            del result
-            conn.send((task_id, "ok", out_name, out_size, out_layout, time.process_time() - cpu0))
+                output.ensure(out_size)
+                shm.write(output.buffer, result, out_layout, shm.OUT)
+            del result, views
+            reply = (task_id, "ok", output.name, output.size, out_layout, time.process_time() - cpu0)
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
             text = traceback.format_exc()
-            conn.send((task_id, "error", f"{type(exc).__name__}: {exc}", text, time.process_time() - cpu0))
+            reply = (task_id, "error", f"{type(exc).__name__}: {exc}", text, time.process_time() - cpu0)
+        conn.send(reply)
 
 
 class ProcessWorker:
@@ -92,9 +91,8 @@ class ProcessWorker:
         self._label = label
         self._proc: Any = None
         self._conn: Any = None
-        self._in_name: str | None = None
-        self._in_buffer: Any = None
-        self._in_size = 0
+        self._input: shm.Segment | None = None
+        self._output = shm.Mapping_()
         self._task = 0
         self._generation = 0
         self.busy = False
@@ -132,13 +130,14 @@ class ProcessWorker:
         if self._proc is None:
             self.start()
         layout, size = shm.plan(chunk)
-        self._ensure_input(size)
-        if size:
-            shm.write(self._in_buffer, chunk, layout)
+        if self._input is None:
+            self._input = shm.Segment(f"intune-{os.getpid()}-{self._label}-in")
+        self._input.ensure(size)
+        shm.write(self._input.buffer, chunk, layout, shm.IN)
         self._task += 1
         self.busy = True
         try:
-            self._conn.send((self._task, self._in_name, self._in_size, layout))
+            self._conn.send((self._task, self._input.name, self._input.size, layout))
         except (BrokenPipeError, OSError):
             raise WorkerDied(self._exitcode()) from None
         while True:
@@ -157,17 +156,9 @@ class ProcessWorker:
             _, _, message, text, _cpu = reply
             raise RemoteError(message, text)
         _, _, out_name, out_size, out_layout, cpu = reply
-        return shm.take(out_name, out_layout, out_size), cpu
-
-    def _ensure_input(self, size: int) -> None:
-        if self._in_buffer is not None and size <= self._in_size:
-            return
-        if self._in_buffer is not None:
-            self._in_buffer.close()
-            shm.remove(self._in_name or "")
-        self._in_size = max(size, 1 << 16, int(self._in_size * 1.5))
-        self._in_name = f"intune-{os.getpid()}-{self._label}-in{self._task}"
-        self._in_buffer = shm.create(self._in_name, self._in_size)
+        out_buffer = self._output.follow(out_name, out_size) if out_name else None
+        # copy out: the segments are reused by the next task
+        return shm.read((self._input.buffer, out_buffer), out_layout, copy=True), cpu
 
     def _exitcode(self) -> int | None:
         try:
@@ -201,13 +192,11 @@ class ProcessWorker:
                 except subprocess.TimeoutExpired:
                     pass
         conn.close()
+        self._output.close()
         shm.remove_prefix(f"intune-{os.getpid()}-{self._label}-g{self._generation}-")
 
     def close(self) -> None:
         self.kill()
-        if self._in_buffer is not None:
-            self._in_buffer.close()
-            self._in_buffer = None
-        if self._in_name:
-            shm.remove(self._in_name)
-            self._in_name = None
+        if self._input is not None:
+            self._input.close()
+            self._input = None

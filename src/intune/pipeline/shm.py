@@ -1,11 +1,13 @@
-"""Shared-memory transport: numpy chunks laid out in POSIX shared memory (``/dev/shm``) segments.
+"""Shared-memory transport: numpy chunks laid out in reused POSIX shared-memory segments (``/dev/shm``).
 
-Owns the byte layout of a chunk in a segment and the segments' lifetimes. The parent writes a task's
-chunk into a per-worker input segment it reuses; the worker writes each result into a fresh segment
-whose ownership passes to the parent, which maps it, unlinks its name at once and wraps the mapping in
-numpy arrays without copying (the memory is freed when the last array goes). Only the small layout
-(names, dtypes, shapes, offsets) crosses the pipe. This module must not know about processes or
-pools; columns of ``object`` dtype are pickled into the layout (slow path, rare).
+Owns the byte layout of a chunk in a segment and the segments' lifetimes. Each process worker has two
+segments that live as long as the worker and grow when a chunk does not fit: the input segment
+(written by the parent, read in place by the child) and the output segment (written by the child,
+copied out by the parent before the next task). Fresh segments per chunk would cost more than the
+copy (a new tmpfs page must be allocated and zeroed for every byte). An output column that *is* one
+of the input views (a pass-through column) is not copied by the child: its layout entry points into
+the input segment. Only the small layout crosses the pipe. Columns of ``object`` dtype are pickled
+into the layout (slow path, rare). This module must not know about processes or pools.
 """
 
 from __future__ import annotations
@@ -21,29 +23,38 @@ import numpy as np
 
 SHM_DIR = "/dev/shm"
 ALIGN = 64
+IN, OUT, PICKLED = 0, 1, 2
 
-# (column, dtype.str, shape, offset) for raw columns; (column, "pickle", bytes, -1) for object columns
-Layout = list[tuple[str, str, Any, int]]
+# (column, dtype.str, shape, offset, where): where is IN / OUT (a segment) or PICKLED (shape holds bytes)
+Layout = list[tuple[str, str, Any, int, int]]
 
 
-def plan(chunk: Mapping[str, np.ndarray]) -> tuple[Layout, int]:
-    """The layout of ``chunk`` in a segment and the segment size it needs."""
+def plan(chunk: Mapping[str, Any], where: int = IN, passthrough: Mapping[int, tuple] | None = None) -> tuple[Layout, int]:
+    """The layout of ``chunk`` in a segment and the bytes it needs there.
+
+    ``passthrough`` maps ``id(array)`` of input views to their input layout entry: such columns are
+    laid out as references into the input segment.
+    """
     layout: Layout = []
     offset = 0
     for name, column in chunk.items():
+        if passthrough and id(column) in passthrough:
+            _, dtype, shape, off, _ = passthrough[id(column)]
+            layout.append((name, dtype, shape, off, IN))
+            continue
         array = np.asarray(column)
         if array.dtype.hasobject:
-            layout.append((name, "pickle", pickle.dumps(array, protocol=5), -1))
+            layout.append((name, "", pickle.dumps(array, protocol=5), -1, PICKLED))
             continue
-        layout.append((name, array.dtype.str, array.shape, offset))
+        layout.append((name, array.dtype.str, array.shape, offset, where))
         offset += -(-array.nbytes // ALIGN) * ALIGN
     return layout, offset
 
 
-def write(buffer: Any, chunk: Mapping[str, np.ndarray], layout: Layout) -> None:
-    """Copy the chunk's columns into ``buffer`` (an mmap) at the planned offsets."""
-    for (name, dtype, shape, offset), column in zip(layout, chunk.values()):
-        if offset < 0:
+def write(buffer: Any, chunk: Mapping[str, Any], layout: Layout, where: int) -> None:
+    """Copy the chunk's columns laid out in ``where`` into ``buffer`` at their offsets."""
+    for (name, dtype, shape, offset, place), column in zip(layout, chunk.values()):
+        if place != where:
             continue
         array = np.asarray(column)
         if array.nbytes == 0:
@@ -52,42 +63,88 @@ def write(buffer: Any, chunk: Mapping[str, np.ndarray], layout: Layout) -> None:
         np.copyto(target.reshape(shape), array, casting="no")
 
 
-def read(buffer: Any, layout: Layout) -> dict[str, np.ndarray]:
-    """Numpy views of the columns in ``buffer`` (no copy)."""
+def read(buffers: tuple[Any, Any], layout: Layout, copy: bool) -> dict[str, np.ndarray]:
+    """The columns: views into the segments (``copy=False``) or private copies (``copy=True``)."""
     out: dict[str, np.ndarray] = {}
-    for name, dtype, shape, offset in layout:
-        if offset < 0:
+    for name, dtype, shape, offset, where in layout:
+        if where == PICKLED:
             out[name] = pickle.loads(shape)
             continue
         dt = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
+        buffer = buffers[where]
         if count == 0 or buffer is None:
             out[name] = np.empty(shape, dtype=dt)
-        else:
-            out[name] = np.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
+            continue
+        view = np.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
+        out[name] = view.copy() if copy else view
     return out
 
 
-def create(name: str, size: int) -> mmap.mmap:
-    """A new named segment of ``size`` bytes, mapped read-write."""
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
+class Segment:
+    """A named shared-memory segment that one side writes and grows, and the other side maps."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._count = 0
+        self.name = ""
+        self.size = 0
+        self.buffer: mmap.mmap | None = None
+
+    def ensure(self, size: int) -> None:
+        """Make room for ``size`` bytes (a new, larger segment replaces the old one)."""
+        if self.buffer is not None and size <= self.size:
+            return
+        self.close()
+        self.size = max(size, 1 << 16, int(self.size * 1.5))
+        self.name = f"{self._prefix}{self._count}"
+        self._count += 1
+        fd = os.open(os.path.join(SHM_DIR, self.name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, self.size)
+            self.buffer = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            try:
+                self.buffer.close()
+            except BufferError:  # a view is still alive somewhere; the mapping goes with it
+                pass
+            self.buffer = None
+        if self.name:
+            remove(self.name)
+            self.name = ""
 
 
-def attach(name: str, size: int, unlink: bool = False) -> mmap.mmap:
-    """Map an existing segment; with ``unlink`` remove its name at once (the mapping stays valid)."""
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-        if unlink:
-            remove(name)
+class Mapping_:
+    """The reading side of a ``Segment``: re-mapped whenever the writer moved to a new name."""
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.buffer: mmap.mmap | None = None
+
+    def follow(self, name: str, size: int) -> mmap.mmap | None:
+        if name != self.name:
+            self.close()
+            if size:
+                fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+                try:
+                    self.buffer = mmap.mmap(fd, size)
+                finally:
+                    os.close(fd)
+            self.name = name
+        return self.buffer
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            try:
+                self.buffer.close()
+            except BufferError:
+                pass
+        self.buffer = None
+        self.name = ""
 
 
 def remove(name: str) -> None:
@@ -106,11 +163,3 @@ def remove_prefix(prefix: str) -> int:
         except FileNotFoundError:
             pass
     return len(paths)
-
-
-def take(name: str, layout: Layout, size: int) -> dict[str, np.ndarray]:
-    """Take ownership of a result segment: map it, unlink it, return zero-copy arrays over it."""
-    if size == 0:
-        remove(name)
-        return read(None, layout)
-    return read(attach(name, size, unlink=True), layout)

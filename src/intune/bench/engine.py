@@ -1,0 +1,308 @@
+"""``intune bench engine``: the engine's five figures, each a ratio or rate against its target.
+
+1. overhead: Parquet -> shuffle -> identity map -> batch -> prefetch at the ``none`` allocation, rows/s
+   relative to a plain sequential loop doing the same read / shuffle / batch work with the same code
+   (pyarrow, ``ShuffleBuffer``, ``Batcher``);
+2. speed-up: a GIL-bound pure-Python UDF in process mode, ``udf.workers`` 2 vs 1;
+3. transport: GB/s of 8 MB chunks through one process worker to the consumer;
+4. resize latency: seconds from raising a process pool 1 -> 2 (a parked worker exists) to the parked
+   worker's first output at the consumer;
+5. memory: relative gap between the engine's buffered-bytes figure and the measured growth of the
+   process tree's memory (RSS, children included) with large buffers.
+
+Ratios are measured side by side in one run. This module must not change engine behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from intune.bench.results import format_table, write_json
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    parser.add_argument("--quick", action="store_true", help="smaller data and fewer repeats (a smoke run)")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="run only these measurements: overhead speedup transport resize memory")
+
+
+def run(args: argparse.Namespace) -> int:
+    quick = bool(getattr(args, "quick", False))
+    wanted = set(args.only) if getattr(args, "only", None) else set(MEASUREMENTS)
+    results = []
+    for name, fn in MEASUREMENTS.items():
+        if name in wanted:
+            result = fn(quick)
+            results.append(result)
+            print(f"{result['name']}: {result['value']:.3g} {result['unit']} (target {result['target']})", flush=True)
+    rows = [
+        {**r, "meets target": (r["value"] >= r["target"]) if r["higher_is_better"] else (r["value"] <= r["target"])}
+        for r in results
+    ]
+    print(format_table(rows, ["name", "value", "unit", "target", "meets target", "detail"]))
+    if getattr(args, "json", None):
+        write_json(args.json, results, quick=quick)
+    return 0
+
+
+def result(name: str, value: float, unit: str, target: float, higher: bool, detail: str) -> dict[str, Any]:
+    return {"name": name, "value": float(value), "unit": unit, "target": target, "higher_is_better": higher, "detail": detail}
+
+
+# ---- 1. overhead -------------------------------------------------------------------------------------
+def _write_parquet(folder: str, rows: int, files: int = 4) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    per = rows // files
+    for f in range(files):
+        cols = {"id": np.arange(f * per, (f + 1) * per, dtype=np.int64), "label": rng.integers(0, 2, per)}
+        for i in range(4):
+            cols[f"dense{i}"] = rng.random(per, dtype=np.float32)
+        for i in range(4):
+            cols[f"cat{i}"] = rng.integers(0, 1 << 20, per)
+        pq.write_table(pa.table(cols), os.path.join(folder, f"part-{f}.parquet"), row_group_size=65536)
+    return os.path.join(folder, "*.parquet")
+
+
+def _sequential_loop(pattern: str, chunk_rows: int, capacity: int, seed: int, batch: int) -> Iterable[dict]:
+    """The same read / shuffle / batch work as the engine, in one plain loop."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from intune.pipeline.batcher import Batcher
+    from intune.pipeline.shuffle import IDS, ShuffleBuffer
+
+    shuffler = ShuffleBuffer(np.random.default_rng([seed, 0]), capacity)
+    batcher = Batcher(batch, False)
+    start = 0
+    for path in sorted(glob.glob(pattern)):
+        handle = pq.ParquetFile(path)
+        for g in range(handle.metadata.num_row_groups):
+            table = handle.read_row_group(g)
+            cols = {n: table.column(n).to_numpy() for n in table.column_names}
+            rows = len(cols["id"])
+            for lo in range(0, rows, chunk_rows):
+                chunk = {n: c[lo : lo + chunk_rows] for n, c in cols.items()}
+                n = len(chunk["id"])
+                chunk[IDS] = np.arange(start, start + n)
+                start += n
+                for out in shuffler.add(chunk):
+                    out.pop(IDS)
+                    yield from (b for b, _ in batcher.add(out, None))  # type: ignore[arg-type]
+    for out in shuffler.drain(chunk_rows):
+        out.pop(IDS)
+        yield from (b for b, _ in batcher.add(out, None))  # type: ignore[arg-type]
+    yield from (b for b, _ in batcher.flush())
+
+
+def _rows_per_s(batches: Iterable[dict]) -> float:
+    t0 = time.perf_counter()
+    rows = 0
+    for b in batches:
+        rows += len(b["id"])
+    return rows / (time.perf_counter() - t0)
+
+
+def measure_overhead(quick: bool) -> dict[str, Any]:
+    from intune.pipeline import Pipeline
+
+    rows = 400_000 if quick else 2_000_000
+    repeats = 2 if quick else 3
+    with tempfile.TemporaryDirectory() as folder:
+        pattern = _write_parquet(folder, rows)
+        pipe = (
+            Pipeline.from_parquet(pattern, chunk_rows=8192)
+            .shuffle(buffer_rows=200_000, seed=0)
+            .map(lambda c: c, name="udf")
+            .batch(4096)
+            .prefetch(depth=4)
+        )
+        for knob in pipe.knobs.values():  # the `none` allocation: one worker, smallest buffers
+            knob.set(knob.clamp(1) if knob.unit == "cpu" else knob.min)
+        row_bytes = 8 * 2 + 4 * 4 + 8 * 4 + 8  # the columns plus the shuffle's row ids
+        capacity = pipe.stage("shuffle").capacity(row_bytes)  # type: ignore[attr-defined]
+        engine, plain = [], []
+        with pipe:
+            for _ in range(repeats):
+                plain.append(_rows_per_s(_sequential_loop(pattern, 8192, capacity, 0, 4096)))
+                engine.append(_rows_per_s(iter(pipe)))
+    e, p = max(engine), max(plain)
+    detail = f"engine {e:,.0f} rows/s vs plain loop {p:,.0f} rows/s (best of {repeats}; shuffle capacity {capacity} rows)"
+    return result("engine overhead (engine / plain loop rows/s)", e / p, "ratio", 0.9, True, detail)
+
+
+# ---- 2. parallel speed-up ----------------------------------------------------------------------------
+def python_heavy(chunk: dict) -> dict:
+    """A GIL-bound UDF: a pure-Python loop over every row."""
+    ids = chunk["id"].tolist()
+    out = []
+    for v in ids:
+        h = v
+        for _ in range(60):
+            h = (h * 1103515245 + 12345) & 0x7FFFFFFF
+        out.append(h)
+    return {"id": chunk["id"], "h": np.asarray(out, dtype=np.int64)}
+
+
+def _chunks(n_chunks: int, rows: int) -> Callable[[], Iterable[dict]]:
+    made = [{"id": np.arange(i * rows, (i + 1) * rows)} for i in range(n_chunks)]
+    return lambda: iter(made)
+
+
+def measure_speedup(quick: bool) -> dict[str, Any]:
+    from intune.pipeline import Pipeline
+
+    n_chunks = 60 if quick else 200
+    pipe = Pipeline.from_iterable(_chunks(n_chunks, 1000)).map(python_heavy, name="udf", mode="process", workers=2).prefetch(4)
+    rates = {1: [], 2: []}
+    with pipe:
+        list(pipe)  # start both workers
+        for _ in range(1 if quick else 2):
+            for w in (1, 2):
+                pipe.knobs["udf.workers"].set(w)
+                rates[w].append(_rows_per_s(iter(pipe)))
+    r1, r2 = max(rates[1]), max(rates[2])
+    detail = f"1 worker {r1:,.0f} rows/s, 2 workers {r2:,.0f} rows/s; usable CPUs {_cpus()}"
+    return result("parallel speed-up (udf.workers 2 / 1, process)", r2 / r1, "ratio", 1.7, True, detail)
+
+
+def _cpus() -> Any:
+    try:
+        from intune import monitor
+
+        return monitor.available_cpus()
+    except Exception:
+        return len(os.sched_getaffinity(0))
+
+
+# ---- 3. transport ------------------------------------------------------------------------------------
+def identity(chunk: dict) -> dict:
+    return chunk
+
+
+def measure_transport(quick: bool) -> dict[str, Any]:
+    from intune.pipeline import Pipeline
+
+    n_chunks = 40 if quick else 150
+    made = [{"x": np.full(1 << 20, float(i))} for i in range(8)]  # 8 MB chunks
+    pipe = Pipeline.from_iterable(lambda: (made[i % 8] for i in range(n_chunks))).map(identity, name="udf", mode="process")
+    with pipe:
+        list(pipe)  # warm up: the worker, its segments
+        best = 0.0
+        for _ in range(2):
+            t0 = time.perf_counter()
+            moved = 0
+            for b in pipe:
+                moved += b["x"].nbytes
+            best = max(best, moved / (time.perf_counter() - t0))
+    detail = f"{n_chunks} chunks of 8 MB, parent -> worker -> consumer through /dev/shm, 1 worker"
+    return result("shared-memory transport", best / 1e9, "GB/s", 1.0, True, detail)
+
+
+# ---- 4. resize latency -------------------------------------------------------------------------------
+def tagged(chunk: dict) -> dict:
+    time.sleep(0.01)
+    return {"id": chunk["id"], "pid": np.full(len(chunk["id"]), os.getpid())}
+
+
+def measure_resize(quick: bool) -> dict[str, Any]:
+    from intune.pipeline import Pipeline
+
+    latencies = []
+    pipe = Pipeline.from_iterable(_chunks(100_000, 100)).map(tagged, name="udf", mode="process", workers=2)
+    with pipe:
+        it = iter(pipe)
+        for _ in range(20):
+            next(it)  # both workers started
+        for _ in range(3 if quick else 10):
+            pipe.knobs["udf.workers"].set(1)
+            for _ in range(10):
+                next(it)  # worker 1 parks
+            parked = set(pipe.stage("udf").worker_pids()) - {int(next(it)["pid"][0])}  # type: ignore[attr-defined]
+            seen = set()
+            for _ in range(10):
+                seen.add(int(next(it)["pid"][0]))
+            parked -= seen
+            t0 = time.perf_counter()
+            pipe.knobs["udf.workers"].set(2)
+            while True:
+                pid = int(next(it)["pid"][0])
+                if pid in parked:
+                    latencies.append(time.perf_counter() - t0)
+                    break
+    worst, median = max(latencies), statistics.median(latencies)
+    detail = f"median {median * 1000:.1f} ms, worst {worst * 1000:.1f} ms over {len(latencies)} raises (UDF 10 ms/chunk)"
+    return result("resize latency (parked worker's first output)", worst, "s", 0.5, False, detail)
+
+
+# ---- 5. memory accounting ----------------------------------------------------------------------------
+def _tree_rss() -> int:
+    import psutil
+
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure_memory(quick: bool) -> dict[str, Any]:
+    from intune.pipeline import Pipeline
+
+    shuffle_mb, prefetch_mb = (128, 64) if quick else (512, 256)
+    rows = 4096
+
+    def source() -> Iterable[dict]:
+        for i in range(10**9):
+            yield {"id": np.arange(i * rows, (i + 1) * rows), **{f"f{k}": np.full(rows, float(k)) for k in range(15)}}
+
+    gc.collect()
+    pipe = (
+        Pipeline.from_iterable(source)
+        .shuffle(buffer_rows=10**9, seed=0, buffer_mb=shuffle_mb)
+        .batch(rows)
+        .prefetch(depth=10**6, buffer_mb=prefetch_mb)
+    )
+    with pipe:
+        it = iter(pipe)
+        next(it)
+        time.sleep(0.5)
+        base = _tree_rss() - pipe.metrics().buffered_bytes  # threads and first chunks, before the buffers fill
+        deadline = time.monotonic() + (30 if quick else 90)
+        previous = -1
+        while time.monotonic() < deadline:  # the consumer stalls while the buffers fill
+            time.sleep(0.5)
+            held = pipe.metrics().buffered_bytes
+            if held == previous:
+                break
+            previous = held
+        held = pipe.metrics().buffered_bytes
+        growth = _tree_rss() - base
+    gap = abs(growth - held) / max(1, growth)
+    detail = f"engine says {held / 2**20:.0f} MiB buffered, process tree grew {growth / 2**20:.0f} MiB"
+    return result("memory accounting gap |buffered - RSS growth| / growth", gap, "ratio", 0.15, False, detail)
+
+
+MEASUREMENTS: dict[str, Callable[[bool], dict[str, Any]]] = {
+    "overhead": measure_overhead,
+    "speedup": measure_speedup,
+    "transport": measure_transport,
+    "resize": measure_resize,
+    "memory": measure_memory,
+}
