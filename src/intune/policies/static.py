@@ -1,0 +1,67 @@
+"""The two static baselines: ``none`` (the paper's Unoptimized) and ``heuristic`` (the paper's Heuristic).
+
+``none`` gives every stage one worker and its smallest buffer. ``heuristic`` divides the CPUs evenly
+over the stages (``even_split``) and divides them again whenever the CPU count changes; buffers keep
+their values. Also owns ``changes``, the helper every baseline uses to ask only for knobs whose value
+differs. Neither policy reads anything but the CPU count: they must not look at stage signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from intune.knobs import Knob
+from intune.observation import Observation
+from intune.policies.base import even_split
+
+
+def changes(knobs: Mapping[str, Knob], target: Mapping[str, int]) -> dict[str, int]:
+    """The entries of ``target`` whose knob does not already hold that value.
+
+    Re-asserting a target every tick (rather than once) keeps a policy's plan in force after the
+    engine restarts or the runner clips a request.
+    """
+    return {name: int(v) for name, v in target.items() if knobs[name].value != int(v)}
+
+
+class NonePolicy:
+    """One worker per stage and minimal buffers, whatever the machine (the paper's Unoptimized)."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        self._knobs: Mapping[str, Knob] = {}
+
+    def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
+        self._knobs = knobs
+
+    def target(self) -> dict[str, int]:
+        return {n: (k.clamp(1) if k.unit == "cpu" else k.min) for n, k in self._knobs.items()}
+
+    def step(self, observation: Observation) -> dict[str, int]:
+        return changes(self._knobs, self.target())
+
+
+class HeuristicPolicy:
+    """CPUs divided evenly over the stages, re-divided when the CPU count changes (the paper's Heuristic)."""
+
+    name = "heuristic"
+
+    def __init__(self) -> None:
+        self._knobs: Mapping[str, Knob] = {}
+        self._split: dict[str, int] = {}
+        self._cpus: float | None = None
+
+    def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
+        self._knobs = knobs
+        self._cpus = observation.cpus
+        self._split = even_split(knobs, observation.cpus)
+
+    def step(self, observation: Observation) -> dict[str, int]:
+        if observation.cpus != self._cpus:
+            self._cpus = observation.cpus
+            self._split = even_split(self._knobs, observation.cpus)
+        return changes(self._knobs, self._split)
+
+
+__all__ = ["HeuristicPolicy", "NonePolicy", "changes"]

@@ -1,0 +1,144 @@
+"""plumber: the LP allocation against brute force, the sequential rule, prefetch sizing, re-solving."""
+
+import itertools
+import random
+
+import pytest
+
+from intune.knobs import Knob
+from intune.observation import Observation, StageObservation
+from intune.policies import clamp_request, make
+from intune.policies.plumber import (
+    PlumberPolicy,
+    _StageProfile,
+    prefetch_elements,
+    rate_of,
+    round_allocation,
+    solve_lp,
+)
+
+MB = 1 << 20
+
+
+def _knobs(spec):
+    store = {name: v for name, (_, _, _, v) in spec.items()}
+    knobs = {
+        name: Knob(name, unit, lo, hi, get=lambda n=name: store[n], set=lambda x, n=name: store.__setitem__(n, x))
+        for name, (unit, lo, hi, _) in spec.items()
+    }
+    return knobs, store
+
+
+def _stage(name, cpu, items=100.0, wall=None, workers=1, busy=1.0, size=1 * MB, rows_per_item=1000):
+    return StageObservation(name=name, workers=workers, buffer_mb=0, items_per_s=items,
+                            rows_per_s=items * rows_per_item, cpu_s_per_item=cpu,
+                            wall_s_per_item=cpu if wall is None else wall, bytes_per_item=size, busy=busy,
+                            starved=0.0, blocked=0.0, queue_fill=0.0, buffered_bytes=0.0)
+
+
+def _obs(tick, stages, cpus=8.0, demand=0.0, step=0.0, used=1e9, limit=64e9):
+    return Observation(tick=tick, dt_s=1.0, throughput=1e5, step_time_s=step, cpus=cpus, memory_used_bytes=used,
+                       memory_limit_bytes=limit, stages=tuple(stages), demand=demand)
+
+
+def _brute_force(work, cores, lo, hi):
+    best = 0.0
+    for alloc in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi, strict=True)]):
+        if sum(alloc) <= cores:
+            best = max(best, rate_of(alloc, work))
+    return best
+
+
+def test_lp_by_hand():
+    cores, theta = solve_lp([1.0, 3.0], 8, [0, 0], [8, 8])
+    assert theta == pytest.approx(2.0) and cores == pytest.approx([2.0, 6.0])
+    # a sequential stage (at most one core) caps the rate; the others get only what that rate needs
+    # (its one core is taken out of the 8: 7 left for work 4 -> theta 7/4)
+    cores, theta = solve_lp([1.0, 3.0, 0.5], 8, [1, 1, 1], [8, 8, 1])
+    assert theta == pytest.approx(1.75) and cores == pytest.approx([1.75, 5.25, 1.0])
+    cores, theta = solve_lp([1.0, 3.0, 1.0], 8, [1, 1, 1], [8, 8, 1])
+    assert theta == pytest.approx(1.0) and cores == pytest.approx([1.0, 3.0, 1.0])
+
+
+def test_rounded_lp_matches_brute_force_on_small_cases():
+    rng = random.Random(7)
+    for _ in range(150):
+        n = rng.randint(2, 4)
+        cores = rng.randint(n, 9)
+        work = [round(rng.uniform(0.05, 2.0), 3) for _ in range(n)]
+        lo = [1] * n
+        hi = [1 if rng.random() < 0.25 else rng.randint(2, 8) for _ in range(n)]
+        fractional, theta = solve_lp(work, cores, lo, hi)
+        alloc = round_allocation(fractional, work, cores, lo, hi)
+        assert sum(alloc) <= cores and all(a <= b <= c for a, b, c in zip(lo, alloc, hi, strict=True))
+        best = _brute_force(work, cores, lo, hi)
+        assert rate_of(alloc, work) == pytest.approx(best), (work, cores, hi, alloc)
+        assert theta >= best - 1e-9  # the relaxation bounds the integer optimum
+
+
+def test_sequential_rule():
+    knob = Knob("s.workers", "cpu", 1, 8, get=lambda: 4, set=lambda v: None)
+    one = Knob("t.workers", "cpu", 1, 1, get=lambda: 1, set=lambda v: None)
+
+    def profile(workers, cpu, wall, items):
+        return _StageProfile(items=items, cpu_s=cpu * items, wall_s=wall * items, busy_workers_s=workers, time_s=1.0)
+
+    assert PlumberPolicy.is_sequential(one, _StageProfile())
+    # 4 busy workers using one core between them, each element taking 4x its CPU time: GIL-bound
+    assert PlumberPolicy.is_sequential(knob, profile(4, 0.01, 0.04, 100))
+    # I/O-bound: 4 busy workers but a tenth of a core
+    assert not PlumberPolicy.is_sequential(knob, profile(4, 0.001, 0.04, 100))
+    # scales: 4 busy workers using 4 cores
+    assert not PlumberPolicy.is_sequential(knob, profile(4, 0.01, 0.01, 400))
+
+
+def test_prefetch_depth_from_the_rate_gap():
+    assert prefetch_elements(10.0, 5.0) == 2  # rho 0.5: 1 + 1
+    assert prefetch_elements(10.0, 9.0) == 10  # rho 0.9: 1 + 9
+    assert prefetch_elements(10.0, 12.0) == 1  # the consumer outruns the pipeline: depth does not help
+    assert prefetch_elements(10.0, 0.0) == 1  # unknown demand
+    assert prefetch_elements(10.0, 9.9999) == 256  # capped
+
+
+SPEC = {
+    "read.workers": ("cpu", 1, 32, 1),
+    "udf.workers": ("cpu", 1, 32, 1),
+    "prefetch.workers": ("cpu", 1, 32, 1),
+    "prefetch.buffer_mb": ("mb", 1, 4096, 1),
+}
+
+
+def _stages():
+    # CPU seconds per element: read 0.01 (plus I/O waits Plumber does not see), udf 0.05, prefetch 0.002
+    return [_stage("read", 0.01, wall=0.1), _stage("udf", 0.05), _stage("prefetch", 0.002, size=4 * MB)]
+
+
+def _run(policy, knobs, store, observations):
+    policy.reset(knobs, observations[0])
+    for obs in observations:
+        store.update(clamp_request(knobs, policy.step(obs), obs.cpus, 1e15).applied)
+
+
+def test_plans_after_the_profile_and_keeps_its_plan_unless_adaptive():
+    observations = [_obs(t, _stages(), cpus=8.0 if t < 10 else 16.0, demand=50_000.0) for t in range(20)]
+    knobs, store = _knobs(SPEC)
+    p = make("plumber")
+    p.reset(knobs, observations[0])
+    for t in range(4):
+        assert p.step(observations[t]) == {}  # profiling: the pipeline runs as it is
+    _run(p, knobs, store, observations)
+    # LP on 8 cores, work 0.01 / 0.05 / 0.002 s, one core at least each: prefetch 1, then 7 / 0.06 ->
+    # theta 116.7/s, cores 1.17 / 5.83 / 1; floors 1 / 5 / 1 and the spare core to the slowest (a tie at
+    # 100/s: the first, read) -> 2 / 5 / 1, 100 elements/s
+    assert (store["read.workers"], store["udf.workers"], store["prefetch.workers"]) == (2, 5, 1)
+    assert p.solves == 1 and p.plan.cpus == 8.0  # non-adaptive: the first plan stays
+    # demand 50 elements/s vs theta 100/s (udf: 6 / 0.05 = 120, read: 1 / 0.01 = 100): rho 0.5 -> 2 x 4 MB
+    assert p.plan.theta == pytest.approx(100.0)
+    assert p.plan.prefetch_elements == 2 and store["prefetch.buffer_mb"] == 8
+
+    knobs, store = _knobs(SPEC)
+    a = make("plumber-adaptive")
+    _run(a, knobs, store, observations)
+    assert a.solves == 2 and a.plan.cpus == 16.0
+    assert sum(v for k, v in store.items() if k.endswith("workers")) == 16
+    assert a.plan.theta == pytest.approx(min(store["read.workers"] / 0.01, store["udf.workers"] / 0.05))
