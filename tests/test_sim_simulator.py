@@ -135,3 +135,20 @@ def test_speed_is_in_the_thousands_of_ticks_per_second():
         sim.step()
     rate = 3000 / (time.perf_counter() - start)
     assert rate > 1500, f"{rate:.0f} ticks/s"  # loose: the target (>= 10,000) is measured by bench sim
+
+
+def test_consumer_stall_stops_delivery_and_fills_buffers():
+    data = {
+        "name": "stall", "batch_size": 1000, "chunk_rows": 1000, "bytes_per_row": 1000,
+        "machine": {"cpus": 8, "memory_limit_gb": 64, "host_memory_gb": 64, "base_memory_gb": 1},
+        "consumer": {"stall_every_s": 10, "stall_s": 3},
+        "stages": [{"name": "read", "cpu_us_per_row": 10.0},
+                   {"name": "prefetch", "cpu_us_per_row": 1.0, "buffer": {"min": 1, "max": 4096, "default": 1000}}],
+    }
+    sim = Simulator(spec_from_dict(data), noise=0.0)
+    sim.reset()
+    obs = [sim.step() for _ in range(10)]
+    assert [o.throughput for o in obs[6:9]] == [0.0, 0.0, 0.0]  # ticks 7, 8, 9 (t % 10 >= 7)
+    assert obs[5].throughput == pytest.approx(100_000) and obs[9].throughput == pytest.approx(100_000)
+    # 100k rows/s * 1000 B = 100 MB per stalled second into the prefetch buffer
+    assert obs[8].stage("prefetch").buffered_bytes == pytest.approx(3 * 1e8, rel=0.01)

@@ -102,7 +102,9 @@ def random_workload(
                             mem_bandwidth_gbs=float(rng.uniform(10.0, 40.0)),
                             restart_delay_s=float(rng.uniform(20.0, 120.0)),
                             oversubscription_cost=float(rng.uniform(0.1, 0.5))),
-        consumer=ConsumerSpec(model_latency_s=0.0),
+        consumer=ConsumerSpec(model_latency_s=0.0, **(
+            {"stall_every_s": float(rng.uniform(120.0, 900.0)), "stall_s": float(rng.uniform(5.0, 40.0))}
+            if rng.random() < 0.2 else {})),
         batch_size=int(rng.choice(BATCH_CHOICES)),
         chunk_rows=int(rng.choice([256, 1024, 2048, 4096])),
         description="random pretraining workload",

@@ -62,6 +62,10 @@ class Simulator:
         self.seed = seed
         self._alpha = 1.0 - math.exp(-buffer_fill_rate * self.dt_s)
         self._restart_ticks = int(math.ceil(spec.machine.restart_delay_s / self.dt_s))
+        stall = spec.consumer
+        self._stall_every = int(round(stall.stall_every_s / self.dt_s)) if stall.stall_every_s > 0 else 0
+        self._stall_ticks = int(math.ceil(stall.stall_s / self.dt_s)) if self._stall_every else 0
+        self._bytes_per_row = self.params.bytes_per_item / self.params.rows_per_item
         self._rng = np.random.default_rng(seed)
         n = self.params.n_stages
         self._workers = np.ones(n)
@@ -203,9 +207,16 @@ class Simulator:
         if t_cpu < t_stage:  # CPU-bound: every worker gets a fair share of the CPUs
             caps = model.stage_capacity(p, w, mult, cpu_share=t_cpu / t_stage)
             rates = caps * self._factor
-        fill = model.queue_fill_target(rates, self._demand)
-        self._buffered += self._alpha * (fill * self._cap_bytes - self._buffered)
+        stalled = self._stall_every and t % self._stall_every >= self._stall_every - self._stall_ticks
+        if stalled:  # the trainer takes nothing: the pipeline fills its buffers at its own rate
+            room = self._cap_bytes - self._buffered
+            self._buffered += np.minimum(room, T * self.dt_s * self._bytes_per_row)
+        else:
+            fill = model.queue_fill_target(rates, self._demand)
+            self._buffered += self._alpha * (fill * self._cap_bytes - self._buffered)
         mem = model.memory_bytes(p, w, self._buffered)
+        if stalled:
+            T = 0.0
         self.last_model_throughput = T = float(T)
         self.last_cpu_used = min(float(cpus), T * cpu_per_row / eta)
         if mem > p.limit_bytes:

@@ -84,6 +84,8 @@ class MachineSpec:
 @dataclass(frozen=True)
 class ConsumerSpec:
     model_latency_s: float = 0.0  # the trainer's step time per batch; 0 = unbounded demand
+    stall_every_s: float = 0.0  # the trainer pauses (evaluation, checkpoint) this often; 0 = never
+    stall_s: float = 0.0  # for this long: nothing is consumed and the buffers fill
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "cpus": (1, 100000, True), "memory_limit_gb": (1e-3, None, False), "host_memory_gb": (1e-3, None, False),
     "base_memory_gb": (0.0, None, False), "cpu_ghz": (0.1, 10.0, False), "mem_bandwidth_gbs": (0.01, None, False),
     "restart_delay_s": (0.0, None, False), "oversubscription_cost": (0.0, 100.0, False),
-    "model_latency_s": (0.0, None, False), "amplitude": (0.0, 0.9, False), "period_s": (1e-3, None, False),
+    "model_latency_s": (0.0, None, False), "stall_every_s": (0.0, None, False), "stall_s": (0.0, None, False), "amplitude": (0.0, 0.9, False), "period_s": (1e-3, None, False),
     "min": (0, None, True), "max": (0, None, True), "default": (0, None, True),
     "batch_size": (1, None, True), "chunk_rows": (1, None, True), "reference_ghz": (0.1, 10.0, False),
     "demand_share": (0.0, None, False),

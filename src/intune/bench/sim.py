@@ -1,0 +1,208 @@
+"""``intune bench sim``: every policy on every simulated workload, the paper's Figures 7 and 8 in simulation.
+
+Owns the benchmark's runs and metrics: Figure 7 (each policy over the resize schedule 32 -> 64 -> 128 ->
+64 -> 32 on ``criteo`` and ``production``: throughput normalised to ``none``, ratio to ``oracle``, OOMs,
+ticks to 95% of the phase optimum after each resize, CPU utilisation), Figure 8 (throughput normalised
+to ``autotune`` against pipeline length, CPU count and batch size) and the simulator's own speed.
+A policy whose module does not import is skipped with a note, and a policy that fails mid-run is
+reported as failed; neither stops the run. It must not tune anything itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from intune.bench.results import format_table, machine_info, write_json
+from intune.policies import POLICY_NAMES, make
+from intune.sim import (
+    Simulator,
+    constant_schedule,
+    convergence_ticks,
+    ladder_workload,
+    load_workload,
+    paper_schedule,
+    run_episode,
+)
+from intune.sim.episode import EpisodeResult
+
+FIG7_WORKLOADS = ("criteo", "production")
+FIG8_CPUS = (8, 16, 32, 64, 128)
+FIG8_BATCHES = (4096, 8192, 16384, 32768, 65536)
+FIG8_LADDER = (2, 3, 4, 5, 6, 7)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", action="append", help="a shipped name or a .yaml/.json path (repeatable); "
+                        "default: criteo and production, plus the Figure 8 panels")
+    parser.add_argument("--quick", action="store_true", help="short phases and fewer variants (< 2 minutes)")
+    parser.add_argument("--json", metavar="PATH", help="write {machine, results} here")
+    parser.add_argument("--plot", metavar="PATH", help="write the Figure 7 plot here (Figure 8 beside it, *-fig8.png)")
+    parser.add_argument("--period", type=int, default=None, help="ticks per phase of the resize schedule "
+                        "(default 600, quick 120)")
+    parser.add_argument("--policies", default=None, help="comma-separated subset of " + ",".join(POLICY_NAMES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-fig8", action="store_true", help="skip the Figure 8 panels")
+
+
+def _available(names: list[str]) -> tuple[list[str], list[str]]:
+    ok, notes = [], []
+    for name in names:
+        try:
+            make(name)
+            ok.append(name)
+        except Exception as e:  # a policy another engineer has not finished must not stop the benchmark
+            notes.append(f"skipped {name}: {type(e).__name__}: {e}")
+    return ok, notes
+
+
+def _episode(spec, schedule, policy_name: str, ticks: int, seed: int) -> tuple[EpisodeResult | None, str | None]:
+    sim = Simulator(spec, cpus=schedule, seed=seed)
+    try:
+        return run_episode(sim, make(policy_name), ticks), None
+    except Exception as e:
+        return None, f"{policy_name} failed on {spec.name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+
+
+def _metrics(spec, schedule, runs: dict[str, EpisodeResult]) -> list[dict[str, Any]]:
+    none = runs.get("none")
+    oracle = runs.get("oracle")
+    rows = []
+    for name, r in runs.items():
+        conv = (convergence_ticks(r.model_throughput, oracle.model_throughput, schedule.phases())
+                if oracle is not None else None)
+        mean = float(r.throughput.mean())
+        rows.append({
+            "workload": spec.name,
+            "policy": name,
+            "throughput_norm": mean / float(none.throughput.mean()) if none is not None else None,
+            "oracle_ratio": mean / float(oracle.throughput.mean()) if oracle is not None else None,
+            "ooms": r.oom_count,
+            "convergence_ticks": conv,
+            "cpu_util": r.cpu_util,
+            "rows_per_s": mean,
+        })
+    return rows
+
+
+def _conv_cell(conv: list[int | None] | None) -> str:
+    if conv is None:
+        return "-"
+    done = [c for c in conv if c is not None]
+    mean = f"{np.mean(done):.0f}" if done else "never"
+    return f"{mean} ({len(done)}/{len(conv)})"
+
+
+def simulator_speed(seconds: float = 1.0) -> float:
+    """Ticks per second of ``Simulator.step`` on criteo (5 stages) with an even split, no policy."""
+    sim = Simulator("criteo", cpus=64)
+    sim.reset()
+    for name, knob in sim.knobs.items():
+        if knob.unit == "cpu":
+            knob.set(12)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(500):
+            sim.step()
+        n += 500
+    return n / (time.perf_counter() - start)
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    period = args.period or (120 if args.quick else 600)
+    wanted = args.policies.split(",") if args.policies else list(POLICY_NAMES)
+    policies, notes = _available(wanted)
+    for note in notes:
+        print(note)
+    results: list[dict[str, Any]] = []
+    traces: dict[str, dict[str, EpisodeResult]] = {}
+    schedule = paper_schedule(period)
+    for workload in args.workload or FIG7_WORKLOADS:
+        spec = load_workload(workload)
+        runs: dict[str, EpisodeResult] = {}
+        for name in policies:
+            r, err = _episode(spec, schedule, name, schedule.length_ticks, args.seed)
+            if err:
+                print(err)
+            else:
+                runs[name] = r
+        traces[spec.name] = runs
+        rows = _metrics(spec, schedule, runs)
+        for row in rows:
+            row["panel"] = "fig7"
+        results += rows
+        print(f"\n{spec.name}: schedule {'->'.join(map(str, schedule.levels))} CPUs, {period} ticks each")
+        print(format_table([{**r, "convergence_ticks": _conv_cell(r["convergence_ticks"])} for r in rows],
+                           ["policy", "throughput_norm", "oracle_ratio", "ooms", "convergence_ticks", "cpu_util",
+                            "rows_per_s"]))
+    fig8: dict[str, list[dict[str, Any]]] = {}
+    if not args.workload and not args.no_fig8:
+        fig8 = _figure8(policies, args.quick, args.seed)
+        for panel, rows in fig8.items():
+            results += rows
+            _print_panel(panel, rows, policies)
+    speed = simulator_speed(1.0 if args.quick else 3.0)
+    print(f"\nsimulator speed: {speed:,.0f} ticks/s (criteo, 5 stages, one process)")
+    print(f"machine: {machine_info().get('usable_cpus')} CPUs; wall time {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        write_json(args.json, results, simulator_ticks_per_s=speed, period_ticks=period, notes=notes)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from intune.sim.plots import plot_figure7, plot_figure8
+
+        print(f"wrote {plot_figure7(args.plot, traces)}")
+        if fig8:
+            print(f"wrote {plot_figure8(args.plot, fig8)}")
+    return 0
+
+
+def _figure8(policies: list[str], quick: bool, seed: int) -> dict[str, list[dict[str, Any]]]:
+    """Constant-CPU runs of the drill-downs (model latency 0), normalised to autotune."""
+    ticks = 150 if quick else 600
+    panels = {
+        "fig8a": [("stages", k, ladder_workload(k)) for k in (FIG8_LADDER[::2] + (7,) if quick else FIG8_LADDER)],
+        "fig8b": [("cpus", c, load_workload("production", cpus=c, model_latency_s=0.0))
+                  for c in ((8, 32, 128) if quick else FIG8_CPUS)],
+        "fig8c": [("batch_size", b, load_workload("production", batch_size=b, model_latency_s=0.0))
+                  for b in ((4096, 32768) if quick else FIG8_BATCHES)],
+    }
+    out: dict[str, list[dict[str, Any]]] = {}
+    for panel, variants in panels.items():
+        rows = []
+        for param, value, spec in variants:
+            schedule = constant_schedule(spec.machine.cpus, ticks)
+            runs = {}
+            for name in policies:
+                r, err = _episode(spec, schedule, name, ticks, seed)
+                if err:
+                    print(err)
+                else:
+                    runs[name] = r
+            auto = runs.get("autotune")
+            for row in _metrics(spec, schedule, runs):
+                row.update(panel=panel, param=param, value=value,
+                           autotune_ratio=row["rows_per_s"] / float(auto.throughput.mean()) if auto else None)
+                rows.append(row)
+        out[panel] = rows
+    return out
+
+
+def _print_panel(panel: str, rows: list[dict[str, Any]], policies: list[str]) -> None:
+    if not rows:
+        return
+    param = rows[0]["param"]
+    values = sorted({r["value"] for r in rows})
+    table = []
+    for name in policies:
+        line: dict[str, Any] = {"policy": name}
+        for v in values:
+            hit = [r for r in rows if r["policy"] == name and r["value"] == v]
+            line[f"{param}={v}"] = hit[0]["autotune_ratio"] if hit else None
+        table.append(line)
+    print(f"\n{panel}: throughput / autotune's, by {param} (model latency 0)")
+    print(format_table(table))
