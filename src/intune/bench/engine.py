@@ -101,10 +101,10 @@ def _sequential_loop(pattern: str, chunk_rows: int, capacity: int, seed: int, ba
                 start += n
                 for out in shuffler.add(chunk):
                     out.pop(IDS)
-                    yield from (b for b, _ in batcher.add(out, None))  # type: ignore[arg-type]
+                    yield from (b for b, _ in batcher.add(out, None))
     for out in shuffler.drain(chunk_rows):
         out.pop(IDS)
-        yield from (b for b, _ in batcher.add(out, None))  # type: ignore[arg-type]
+        yield from (b for b, _ in batcher.add(out, None))
     yield from (b for b, _ in batcher.flush())
 
 
@@ -280,10 +280,11 @@ def measure_memory(quick: bool) -> dict[str, Any]:
         .prefetch(depth=10**6, buffer_mb=prefetch_mb)
     )
     with pipe:
+        list(Pipeline.from_iterable([{"x": np.zeros(rows)}] * 4).batch(rows))  # warm the code paths up
+        gc.collect()
+        base = _tree_rss()  # before any buffer exists
         it = iter(pipe)
         next(it)
-        time.sleep(0.5)
-        base = _tree_rss() - pipe.metrics().buffered_bytes  # threads and first chunks, before the buffers fill
         deadline = time.monotonic() + (30 if quick else 90)
         previous = -1
         while time.monotonic() < deadline:  # the consumer stalls while the buffers fill

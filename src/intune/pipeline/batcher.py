@@ -12,7 +12,9 @@ import numpy as np
 from intune.pipeline.chunks import Chunk, Origin, Segment, merge_origins, num_rows
 
 
-def slice_origin(origin: Origin, lo: int, hi: int) -> Origin:
+def slice_origin(origin: Origin | None, lo: int, hi: int) -> Origin | None:
+    if origin is None:
+        return None
     if origin.row_ids is not None:
         return Origin((), origin.row_ids[lo:hi], origin.table)
     if len(origin.segments) == 1:
@@ -25,11 +27,11 @@ class Batcher:
     def __init__(self, batch_rows: int, drop_last: bool) -> None:
         self.batch_rows = batch_rows
         self.drop_last = drop_last
-        self._pending: list[tuple[Chunk, Origin]] = []
+        self._pending: list[tuple[Chunk, Origin | None]] = []
         self._rows = 0
         self.nbytes = 0
 
-    def add(self, chunk: Chunk, origin: Origin) -> list[tuple[Chunk, Origin]]:
+    def add(self, chunk: Chunk, origin: Origin | None) -> list[tuple[Chunk, Origin | None]]:
         rows = num_rows(chunk)
         if rows == 0:
             return []
@@ -43,15 +45,15 @@ class Batcher:
             out.append(self._take(self.batch_rows))
         return out
 
-    def flush(self) -> list[tuple[Chunk, Origin]]:
+    def flush(self) -> list[tuple[Chunk, Origin | None]]:
         if self._rows == 0 or self.drop_last:
             self._pending, self._rows, self.nbytes = [], 0, 0
             return []
         return [self._take(self._rows)]
 
-    def _take(self, n: int) -> tuple[Chunk, Origin]:
+    def _take(self, n: int) -> tuple[Chunk, Origin | None]:
         pieces: list[Chunk] = []
-        origins: list[Origin] = []
+        origins: list[Origin | None] = []
         need = n
         while need:
             chunk, origin = self._pending[0]
@@ -73,4 +75,5 @@ class Batcher:
         if len(pieces) == 1:
             return pieces[0], origins[0]
         batch = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
-        return batch, merge_origins(origins)
+        known = [o for o in origins if o is not None]
+        return batch, (merge_origins(known) if known else None)

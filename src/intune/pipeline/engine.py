@@ -205,7 +205,7 @@ class Pipeline:
         self._lock = threading.RLock()
         self._consumer = _ConsumerStats()
         self._add(ReadStage(source, name, self.max_workers))
-        self._finalizer = weakref.finalize(self, Pipeline._close_stages, list(self._stages))
+        self._finalizer = weakref.finalize(self, Pipeline._close_stages, self._stages)  # same list, grows
 
     # ---- sources ---------------------------------------------------------------------------------
     @classmethod

@@ -93,9 +93,17 @@ class ProcessWorker:
         self._conn: Any = None
         self._input: shm.Segment | None = None
         self._output = shm.Mapping_()
+        self._life = threading.Lock()  # kill() may come from the pool thread and from close() at once
         self._task = 0
         self._generation = 0
         self.busy = False
+
+    @property
+    def shm_bytes(self) -> int:
+        """Bytes of shared memory this worker's segments hold (input and mapped output)."""
+        held = self._input.size if self._input is not None and self._input.buffer is not None else 0
+        out = self._output.buffer
+        return held + (len(out) if out is not None else 0)
 
     @property
     def pid(self) -> int | None:
@@ -174,10 +182,11 @@ class ProcessWorker:
     def kill(self) -> None:
         """End the child now (SIGKILL if it does not leave at once) and clean its segments."""
         self.busy = False
-        if self._proc is None:
+        with self._life:
+            proc, conn = self._proc, self._conn
+            self._proc = self._conn = None
+        if proc is None:
             return
-        proc, conn = self._proc, self._conn
-        self._proc = self._conn = None
         if proc.poll() is None:
             try:
                 conn.send(None)

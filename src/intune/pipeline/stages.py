@@ -196,6 +196,9 @@ class ReadStage(PooledStage):
         self.source = source
         super().__init__(name, max_workers if source.parallel else 1)
 
+    def queue_capacity(self) -> int:
+        return self.window() if self.source.parallel else 2
+
     def snapshot(self) -> StageMetrics:
         """As every stage, with malformed lines a reader skipped counted in ``skipped``."""
         base = super().snapshot()
@@ -278,6 +281,11 @@ class MapStage(PooledStage):
             while len(self._procs) <= index:
                 self._procs.append(ProcessWorker(self._blob, f"{label}-w{len(self._procs)}"))
             return self._procs[index]
+
+    def internal_bytes(self) -> int:
+        """The process workers' shared-memory segments (they grow to the largest chunk seen)."""
+        with self._procs_lock:
+            return sum(p.shm_bytes for p in self._procs)
 
     def worker_pids(self) -> list[int]:
         with self._procs_lock:
