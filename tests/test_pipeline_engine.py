@@ -12,7 +12,10 @@ from intune.pipeline.metrics import PipelineMetrics
 
 
 def chunks(rows=1000, size=100):
-    return [{"id": np.arange(i, i + size), "f": np.arange(i, i + size, dtype=np.float32)} for i in range(0, rows, size)]
+    return [
+        {"id": np.arange(i, i + size), "f": np.arange(i, i + size, dtype=np.float32)}
+        for i in range(0, rows, size)
+    ]
 
 
 def test_batches_have_exact_sizes_and_keep_order_without_shuffle():
@@ -91,7 +94,11 @@ def test_knob_names_units_bounds_and_errors():
     with pipe:
         knobs = pipe.knobs
         assert sorted(knobs) == ["prefetch.buffer_mb", "read.workers", "shuffle.buffer_mb", "udf.workers"]
-        assert (knobs["udf.workers"].unit, knobs["udf.workers"].min, knobs["udf.workers"].max) == ("cpu", 1, 6)
+        assert (knobs["udf.workers"].unit, knobs["udf.workers"].min, knobs["udf.workers"].max) == (
+            "cpu",
+            1,
+            6,
+        )
         assert (knobs["prefetch.buffer_mb"].unit, knobs["prefetch.buffer_mb"].max) == ("mb", 512)
         assert (knobs["read.workers"].min, knobs["read.workers"].max) == (1, 1)  # an iterable is sequential
         with pytest.raises(ValueError, match=r"udf.workers.*\[1, 6\]"):
@@ -150,7 +157,9 @@ def test_shuffle_buffer_is_bounded_in_bytes_by_its_knob():
 
     def watch():
         while not stop.is_set():
-            peak.append((pipe.stage("shuffle").internal_bytes(), pipe.metrics().stages["shuffle"].buffered_bytes))
+            peak.append(
+                (pipe.stage("shuffle").internal_bytes(), pipe.metrics().stages["shuffle"].buffered_bytes)
+            )
             time.sleep(0.001)
 
     with pipe:

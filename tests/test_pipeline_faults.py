@@ -40,7 +40,9 @@ def explode_on_1234(chunk):
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_udf_error_names_stage_file_rows_and_original_traceback(parquet_files, mode):
-    pipe = intune.Pipeline.from_parquet(parquet_files, chunk_rows=100).map(explode_on_1234, name="udf", mode=mode)
+    pipe = intune.Pipeline.from_parquet(parquet_files, chunk_rows=100).map(
+        explode_on_1234, name="udf", mode=mode
+    )
     with pipe, pytest.raises(StageError) as info:
         list(pipe)
     message = str(info.value)
@@ -144,7 +146,11 @@ def test_close_with_busy_process_workers_is_fast_and_leaves_no_child():
         time.sleep(30)
         return chunk
 
-    pipe = intune.Pipeline.from_iterable([{"id": np.arange(10)}] * 8).map(busy, mode="process", workers=3).prefetch(2)
+    pipe = (
+        intune.Pipeline.from_iterable([{"id": np.arange(10)}] * 8)
+        .map(busy, mode="process", workers=3)
+        .prefetch(2)
+    )
     it = iter(pipe)
     reader = threading.Thread(target=lambda: list(it), daemon=True)
     reader.start()

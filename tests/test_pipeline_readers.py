@@ -36,7 +36,9 @@ def test_parquet_chunks_never_span_row_groups_and_respect_chunk_rows(parquet_dir
 def test_parallel_readers_keep_the_order(parquet_dir):
     orders = []
     for workers in (1, 3):
-        pipe = intune.Pipeline.from_parquet([str(p) for p in sorted(parquet_dir.glob("*.parquet"))], chunk_rows=100)
+        pipe = intune.Pipeline.from_parquet(
+            [str(p) for p in sorted(parquet_dir.glob("*.parquet"))], chunk_rows=100
+        )
         pipe.knobs["read.workers"].set(workers)
         with pipe:
             orders.append(delivered_ids(pipe))
@@ -45,7 +47,9 @@ def test_parallel_readers_keep_the_order(parquet_dir):
 
 
 def criteo_line(label, ints, cats):
-    return "\t".join([str(label), *("" if v is None else str(v) for v in ints), *("" if c is None else c for c in cats)])
+    return "\t".join(
+        [str(label), *("" if v is None else str(v) for v in ints), *("" if c is None else c for c in cats)]
+    )
 
 
 def test_criteo_columns_types_and_missing_values(tmp_path):
@@ -59,7 +63,12 @@ def test_criteo_columns_types_and_missing_values(tmp_path):
     assert chunk["label"].dtype == np.int64 and chunk["label"].tolist() == [1, 0]
     assert all(chunk[c].dtype == np.float32 for c in INT_COLUMNS)
     assert all(chunk[c].dtype == np.int64 for c in CAT_COLUMNS)
-    assert chunk["I1"][0] == 5 and np.isnan(chunk["I2"][0]) and chunk["I3"][0] == -3 and chunk["I13"][0] == 100000
+    assert (
+        chunk["I1"][0] == 5
+        and np.isnan(chunk["I2"][0])
+        and chunk["I3"][0] == -3
+        and chunk["I13"][0] == 100000
+    )
     assert np.isnan(chunk["I1"][1])
     assert chunk["C1"].tolist() == [10, -1]
     assert chunk["C2"].tolist() == [-1, -1]
@@ -72,7 +81,7 @@ def _criteo_file(path, n, bad_at=()):
         if i in bad_at:
             lines.append("1\t2\tthree\n")
         else:
-            lines.append(criteo_line(i % 2, [i] + [None] * 12, ["%08x" % i] + [None] * 25) + "\n")
+            lines.append(criteo_line(i % 2, [i] + [None] * 12, [f"{i:08x}"] + [None] * 25) + "\n")
     path.write_text("".join(lines))
 
 

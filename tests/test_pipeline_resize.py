@@ -14,7 +14,10 @@ ROWS, CHUNK = 20_000, 50
 
 
 def chunks():
-    return [{"id": np.arange(i, min(ROWS, i + CHUNK)), "x": np.full(min(CHUNK, ROWS - i), 1.0)} for i in range(0, ROWS, CHUNK)]
+    return [
+        {"id": np.arange(i, min(ROWS, i + CHUNK)), "x": np.full(min(CHUNK, ROWS - i), 1.0)}
+        for i in range(0, ROWS, CHUNK)
+    ]
 
 
 def jitter(chunk):

@@ -32,8 +32,12 @@ from intune.bench.results import format_table, write_json
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument("--quick", action="store_true", help="smaller data and fewer repeats (a smoke run)")
-    parser.add_argument("--only", nargs="*", default=None,
-                        help="run only these measurements: overhead speedup transport resize memory")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="run only these measurements: overhead speedup transport resize memory",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,9 +48,17 @@ def run(args: argparse.Namespace) -> int:
         if name in wanted:
             result = fn(quick)
             results.append(result)
-            print(f"{result['name']}: {result['value']:.3g} {result['unit']} (target {result['target']})", flush=True)
+            print(
+                f"{result['name']}: {result['value']:.3g} {result['unit']} (target {result['target']})",
+                flush=True,
+            )
     rows = [
-        {**r, "meets target": (r["value"] >= r["target"]) if r["higher_is_better"] else (r["value"] <= r["target"])}
+        {
+            **r,
+            "meets target": (r["value"] >= r["target"])
+            if r["higher_is_better"]
+            else (r["value"] <= r["target"]),
+        }
         for r in results
     ]
     print(format_table(rows, ["name", "value", "unit", "target", "meets target", "detail"]))
@@ -56,7 +68,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def result(name: str, value: float, unit: str, target: float, higher: bool, detail: str) -> dict[str, Any]:
-    return {"name": name, "value": float(value), "unit": unit, "target": target, "higher_is_better": higher, "detail": detail}
+    return {
+        "name": name,
+        "value": float(value),
+        "unit": unit,
+        "target": target,
+        "higher_is_better": higher,
+        "detail": detail,
+    }
 
 
 # ---- 1. overhead -------------------------------------------------------------------------------------
@@ -166,7 +185,11 @@ def measure_speedup(quick: bool) -> dict[str, Any]:
     from intune.pipeline import Pipeline
 
     n_chunks = 60 if quick else 200
-    pipe = Pipeline.from_iterable(_chunks(n_chunks, 1000)).map(python_heavy, name="udf", mode="process", workers=2).prefetch(4)
+    pipe = (
+        Pipeline.from_iterable(_chunks(n_chunks, 1000))
+        .map(python_heavy, name="udf", mode="process", workers=2)
+        .prefetch(4)
+    )
     rates = {1: [], 2: []}
     with pipe:
         list(pipe)  # start both workers
@@ -198,7 +221,9 @@ def measure_transport(quick: bool) -> dict[str, Any]:
 
     n_chunks = 40 if quick else 150
     made = [{"x": np.full(1 << 20, float(i))} for i in range(8)]  # 8 MB chunks
-    pipe = Pipeline.from_iterable(lambda: (made[i % 8] for i in range(n_chunks))).map(identity, name="udf", mode="process")
+    pipe = Pipeline.from_iterable(lambda: (made[i % 8] for i in range(n_chunks))).map(
+        identity, name="udf", mode="process"
+    )
     with pipe:
         list(pipe)  # warm up: the worker, its segments
         best = 0.0
@@ -270,7 +295,10 @@ def measure_memory(quick: bool) -> dict[str, Any]:
 
     def source() -> Iterable[dict]:
         for i in range(10**9):
-            yield {"id": np.arange(i * rows, (i + 1) * rows), **{f"f{k}": np.full(rows, float(k)) for k in range(15)}}
+            yield {
+                "id": np.arange(i * rows, (i + 1) * rows),
+                **{f"f{k}": np.full(rows, float(k)) for k in range(15)},
+            }
 
     gc.collect()
     pipe = (

@@ -80,13 +80,23 @@ def parse_block(data: bytes) -> dict[str, np.ndarray]:
 
     if not data.strip():
         return empty_chunk()
-    types = {"label": pa.int64(), **{c: pa.int64() for c in INT_COLUMNS}, **{c: pa.string() for c in CAT_COLUMNS}}
+    types = {
+        "label": pa.int64(),
+        **{c: pa.int64() for c in INT_COLUMNS},
+        **{c: pa.string() for c in CAT_COLUMNS},
+    }
     try:
         table = pcsv.read_csv(
             io.BytesIO(data),
-            read_options=pcsv.ReadOptions(column_names=COLUMNS, use_threads=False, block_size=max(1 << 20, len(data) + 1)),
-            parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False, newlines_in_values=False),
-            convert_options=pcsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=False),
+            read_options=pcsv.ReadOptions(
+                column_names=COLUMNS, use_threads=False, block_size=max(1 << 20, len(data) + 1)
+            ),
+            parse_options=pcsv.ParseOptions(
+                delimiter="\t", quote_char=False, escape_char=False, newlines_in_values=False
+            ),
+            convert_options=pcsv.ConvertOptions(
+                column_types=types, null_values=[""], strings_can_be_null=False
+            ),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise MalformedBlock(str(exc)) from None
@@ -117,13 +127,13 @@ def line_problem(line: bytes) -> str | None:
         int(fields[0])
     except ValueError:
         return f"label {fields[0][:20]!r} is not an integer"
-    for name, value in zip(INT_COLUMNS, fields[1:14]):
+    for name, value in zip(INT_COLUMNS, fields[1:14], strict=True):
         if value:
             try:
                 int(value)
             except ValueError:
                 return f"{name} = {value[:20]!r} is not an integer"
-    for name, value in zip(CAT_COLUMNS, fields[14:]):
+    for name, value in zip(CAT_COLUMNS, fields[14:], strict=True):
         if value and (len(value) != 8 or (_HEX[np.frombuffer(value, np.uint8)] == 255).any()):
             return f"{name} = {value[:20]!r} is not 8 hex digits"
     return None
@@ -209,7 +219,9 @@ class CriteoTsvSource(Source):
             return parse_block(b"".join(good))
         except MalformedBlock as exc:  # a problem the line check does not know; report the block
             path = self.paths[self._plan[unit][0]]  # type: ignore[index]
-            raise SourceError(f"malformed Criteo TSV file {path!r} near line {self._line_base(unit) + 1}: {exc}") from None
+            raise SourceError(
+                f"malformed Criteo TSV file {path!r} near line {self._line_base(unit) + 1}: {exc}"
+            ) from None
 
     def _line_base(self, unit: int) -> int:
         """Lines before the unit's first line (counted only when an error message needs it)."""

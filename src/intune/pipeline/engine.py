@@ -24,17 +24,10 @@ from intune.pipeline.channel import END, Channel, Stopped
 from intune.pipeline.chunks import Chunk, RowTable
 from intune.pipeline.metrics import PipelineMetrics
 from intune.pipeline.pool import PoolRun
+from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
-from intune.pipeline.stages import (
-    BatchStage,
-    MapStage,
-    PrefetchStage,
-    ReadStage,
-    ShuffleStage,
-    Stage,
-    check_int,
-)
+from intune.pipeline.stages import MapStage, ReadStage, Stage, check_int
 
 _PIPELINE_IDS = itertools.count()
 
@@ -190,8 +183,13 @@ class Pipeline:
     """
 
     def __init__(
-        self, source: Source, *, deterministic: bool = True, max_workers: int | None = None,
-        max_mb: int | None = None, name: str = "read",
+        self,
+        source: Source,
+        *,
+        deterministic: bool = True,
+        max_workers: int | None = None,
+        max_mb: int | None = None,
+        name: str = "read",
     ) -> None:
         self.deterministic = bool(deterministic)
         self.max_workers = check_int("max_workers", max_workers or default_max_workers(), 1)
@@ -210,8 +208,11 @@ class Pipeline:
     # ---- sources ---------------------------------------------------------------------------------
     @classmethod
     def from_parquet(
-        cls, glob_or_paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        columns: Sequence[str] | None = None, chunk_rows: int = 8192, **options: Any,
+        cls,
+        glob_or_paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        columns: Sequence[str] | None = None,
+        chunk_rows: int = 8192,
+        **options: Any,
     ) -> Pipeline:
         """Parquet files (a glob or paths), read a row group per unit in chunks of <= ``chunk_rows``."""
         chunk_rows = check_int("chunk_rows", chunk_rows, 1)
@@ -219,16 +220,22 @@ class Pipeline:
 
     @classmethod
     def from_iterable(
-        cls, chunks: Iterable[Mapping[str, Any]] | Callable[[], Iterable[Mapping[str, Any]]],
-        name: str = "read", **options: Any,
+        cls,
+        chunks: Iterable[Mapping[str, Any]] | Callable[[], Iterable[Mapping[str, Any]]],
+        name: str = "read",
+        **options: Any,
     ) -> Pipeline:
         """Any chunks: an iterable re-iterated each epoch, or a callable returning one per epoch."""
         return cls(IterableSource(chunks, name), name=name, **options)
 
     @classmethod
     def from_criteo_tsv(
-        cls, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], chunk_rows: int = 8192,
-        on_error: str = "raise", block_bytes: int = 8 << 20, **options: Any,
+        cls,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        chunk_rows: int = 8192,
+        on_error: str = "raise",
+        block_bytes: int = 8 << 20,
+        **options: Any,
     ) -> Pipeline:
         """Raw Criteo TSV files; see ``intune.pipeline.criteo`` for the columns produced."""
         from intune.pipeline.criteo import CriteoTsvSource
@@ -240,7 +247,9 @@ class Pipeline:
         return cls(CriteoTsvSource(expand_paths(paths), chunk_rows, on_error, block_bytes), **options)
 
     # ---- stages ----------------------------------------------------------------------------------
-    def shuffle(self, buffer_rows: int = 200_000, seed: int = 0, buffer_mb: int = 256, name: str = "shuffle") -> Pipeline:
+    def shuffle(
+        self, buffer_rows: int = 200_000, seed: int = 0, buffer_mb: int = 256, name: str = "shuffle"
+    ) -> Pipeline:
         """Buffered shuffle of up to ``buffer_rows`` rows and ``buffer_mb`` MB (the knob)."""
         buffer_rows = check_int("buffer_rows", buffer_rows, 1)
         seed = check_int("seed", seed, 0)
@@ -248,8 +257,12 @@ class Pipeline:
         return self._add(ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb))
 
     def map(
-        self, fn: Callable[[Chunk], Chunk], name: str | None = None, mode: str = "thread",
-        on_error: str = "raise", workers: int = 1,
+        self,
+        fn: Callable[[Chunk], Chunk],
+        name: str | None = None,
+        mode: str = "thread",
+        on_error: str = "raise",
+        workers: int = 1,
     ) -> Pipeline:
         """Apply ``fn`` (chunk -> chunk) in ``thread`` or ``process`` workers (``<name>.workers``).
 
@@ -335,8 +348,13 @@ class Pipeline:
         step_s = (current[2] - base[2]) / steps if steps > 0 else 0.0
         stages = {s.name: s.snapshot() for s in self._stages}
         return PipelineMetrics(
-            time_s=now, rows_out=c.rows, batches_out=c.batches, rows_per_s=rate, consumer_step_s=step_s,
-            consumer_wait_s=c.wait_s, buffered_bytes=sum(m.buffered_bytes for m in stages.values()),
+            time_s=now,
+            rows_out=c.rows,
+            batches_out=c.batches,
+            rows_per_s=rate,
+            consumer_step_s=step_s,
+            consumer_wait_s=c.wait_s,
+            buffered_bytes=sum(m.buffered_bytes for m in stages.values()),
             stages=stages,
         )
 

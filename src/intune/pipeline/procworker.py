@@ -25,6 +25,7 @@ from typing import Any
 from intune.pipeline import shm
 from intune.pipeline.channel import Stopped
 
+
 class WorkerDied(Exception):
     """The child died (signal or exit) while holding a chunk."""
 
@@ -67,7 +68,7 @@ def child_main(fd: int) -> None:
         cpu0 = time.process_time()
         try:
             views = shm.read((in_buffer, None), layout, copy=False)
-            passthrough = {id(v): entry for v, entry in zip(views.values(), layout)}
+            passthrough = {id(v): entry for v, entry in zip(views.values(), layout, strict=True)}
             result = fn(views)
             if not isinstance(result, dict):
                 raise TypeError(f"the map function must return a dict of arrays, got {type(result).__name__}")
@@ -121,7 +122,9 @@ class ProcessWorker:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, str(child.fileno())],
-                pass_fds=(child.fileno(),), env=env, start_new_session=True,
+                pass_fds=(child.fileno(),),
+                env=env,
+                start_new_session=True,
             )
         finally:
             child.close()

@@ -29,7 +29,9 @@ IN, OUT, PICKLED = 0, 1, 2
 Layout = list[tuple[str, str, Any, int, int]]
 
 
-def plan(chunk: Mapping[str, Any], where: int = IN, passthrough: Mapping[int, tuple] | None = None) -> tuple[Layout, int]:
+def plan(
+    chunk: Mapping[str, Any], where: int = IN, passthrough: Mapping[int, tuple] | None = None
+) -> tuple[Layout, int]:
     """The layout of ``chunk`` in a segment and the bytes it needs there.
 
     ``passthrough`` maps ``id(array)`` of input views to their input layout entry: such columns are
@@ -53,7 +55,7 @@ def plan(chunk: Mapping[str, Any], where: int = IN, passthrough: Mapping[int, tu
 
 def write(buffer: Any, chunk: Mapping[str, Any], layout: Layout, where: int) -> None:
     """Copy the chunk's columns laid out in ``where`` into ``buffer`` at their offsets."""
-    for (name, dtype, shape, offset, place), column in zip(layout, chunk.values()):
+    for (_, dtype, shape, offset, place), column in zip(layout, chunk.values(), strict=True):
         if place != where:
             continue
         array = np.asarray(column)

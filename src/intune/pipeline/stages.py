@@ -1,10 +1,12 @@
-"""The stages: what each kind does, its knobs, and its threads for one epoch.
+"""Stages: the base every stage shares, and the pooled ones (read, map).
 
-Owns ``ReadStage`` and ``MapStage`` (pooled: a resizable set of thread or process workers),
-``ShuffleStage``, ``BatchStage`` and ``PrefetchStage`` (one thread each, their buffers bounded in
-bytes by a ``buffer_mb`` knob where they have one), and each stage's metrics snapshot. A stage object
-lives as long as the pipeline (knobs, counters, parked process workers); ``start`` builds its threads
-and output channel for one epoch. It must not know about the stages around it beyond its input channel.
+Owns ``Stage`` (name, kind, knobs, counters, metrics snapshot), the one-thread loop that serial
+stages use (``sequential_loop``), and ``ReadStage`` / ``MapStage``: a resizable set of thread or
+process workers behind a ``<stage>.workers`` knob, with UDF failures turned into ``StageError`` or
+skips and dead process workers restarted a bounded number of times. A stage object lives as long as
+the pipeline (knobs, counters, parked process workers); ``start`` builds its threads and output
+channel for one epoch. The serial stages (shuffle, batch, prefetch) live in ``serial_stages``. It must
+not know about the stages around it beyond its input channel.
 """
 
 from __future__ import annotations
@@ -19,14 +21,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from intune.knobs import Knob
-from intune.pipeline.batcher import Batcher
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
-from intune.pipeline.chunks import Origin, RowTable, nbytes, num_rows
-from intune.pipeline.errors import PipelineError, StageError, WorkerLostError
+from intune.pipeline.chunks import RowTable, nbytes
+from intune.pipeline.errors import StageError, WorkerLostError
 from intune.pipeline.metrics import StageMetrics
 from intune.pipeline.pool import PoolRun
 from intune.pipeline.procworker import ProcessWorker, RemoteError, WorkerDied
-from intune.pipeline.shuffle import IDS, ShuffleBuffer
 from intune.pipeline.sources import Source
 from intune.pipeline.stats import StageStats, WorkerStats
 
@@ -156,7 +156,9 @@ class PooledStage(Stage):
         super().__init__(name)
         self._target = workers
         self._run: PoolRun | None = None
-        self.knobs.append(Knob(f"{name}.workers", "cpu", 1, max_workers, self._get_workers, self._set_workers))
+        self.knobs.append(
+            Knob(f"{name}.workers", "cpu", 1, max_workers, self._get_workers, self._set_workers)
+        )
 
     def _get_workers(self) -> int:
         return self._target
@@ -245,7 +247,13 @@ class MapStage(PooledStage):
     kind = "map"
 
     def __init__(
-        self, fn: Callable[[dict], dict], name: str, mode: str, on_error: str, max_workers: int, workers: int = 1
+        self,
+        fn: Callable[[dict], dict],
+        name: str,
+        mode: str,
+        on_error: str,
+        max_workers: int,
+        workers: int = 1,
     ) -> None:
         super().__init__(name, max_workers, workers)
         self.fn = fn
@@ -261,7 +269,9 @@ class MapStage(PooledStage):
             try:
                 self._blob = cloudpickle.dumps(fn)
             except Exception as exc:
-                raise ValueError(f"map stage {name!r}: the function cannot be pickled for process mode: {exc}") from exc
+                raise ValueError(
+                    f"map stage {name!r}: the function cannot be pickled for process mode: {exc}"
+                ) from exc
 
     def _failed(self, item: Item, stats: WorkerStats, exc: BaseException, text: str) -> list[Item]:
         if self.on_error == "skip":
@@ -304,7 +314,7 @@ class MapStage(PooledStage):
 
         def in_process(index: int, item: Item, stats: WorkerStats) -> list[Item]:
             worker = self.process_worker(index, f"{epoch.label}-{self.name}")
-            for attempt in range(self.max_attempts):
+            for _attempt in range(self.max_attempts):
                 try:
                     out, cpu = worker.run(item.chunk, epoch.stop)
                     stats.cpu_s += cpu
@@ -329,156 +339,3 @@ class MapStage(PooledStage):
             procs, self._procs = self._procs, []
         for p in procs:
             p.close()
-
-
-class ShuffleStage(Stage):
-    """tf.data-style buffered shuffle; capacity = min(buffer_rows, buffer_mb of rows)."""
-
-    kind = "shuffle"
-
-    def __init__(self, name: str, buffer_rows: int, seed: int, buffer_mb: int, max_mb: int) -> None:
-        super().__init__(name)
-        self.buffer_rows = buffer_rows
-        self.seed = seed
-        self._mb = buffer_mb
-        self._buffer: ShuffleBuffer | None = None
-        self.knobs.append(Knob(f"{name}.buffer_mb", "mb", 1, max_mb, lambda: self._mb, self._set_mb))
-
-    def _set_mb(self, value: int) -> None:
-        self._mb = value
-
-    def capacity(self, row_bytes: int) -> int:
-        return max(1, min(self.buffer_rows, self._mb * MiB // max(1, row_bytes)))
-
-    def internal_bytes(self) -> int:
-        buf = self._buffer
-        return buf.nbytes if buf is not None else 0
-
-    def queue_capacity(self) -> int:
-        return 2
-
-    def queue_fill(self) -> float:
-        buf = self._buffer
-        if buf is None or not buf.size:
-            return 0.0
-        return min(1.0, buf.size / max(1, buf.capacity))
-
-    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
-        assert inp is not None
-        out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
-        self._out = out
-        rng = np.random.default_rng([self.seed, epoch.index])
-        state = {"buffer": None, "chunk_rows": 1, "row_bytes": 1}
-        table = epoch.table
-
-        def emit(chunks: list[dict]) -> list[Item]:
-            items = []
-            for chunk in chunks:
-                ids = chunk.pop(IDS)
-                items.append(Item(chunk, Origin((), ids, table), len(ids), nbytes(chunk)))
-            return items
-
-        def on_item(item: Item) -> list[Item]:
-            chunk = dict(item.chunk)
-            if IDS in chunk:
-                raise PipelineError(f"stage {self.name!r}: column name {IDS!r} is reserved")
-            start = table.add(item.origin, item.rows) if item.origin is not None else table.total
-            chunk[IDS] = np.arange(start, start + item.rows, dtype=np.int64)
-            buf = state["buffer"]
-            if buf is None:
-                row_bytes = sum(c.itemsize * int(np.prod(c.shape[1:], dtype=np.int64)) for c in chunk.values())
-                state["row_bytes"] = row_bytes
-                buf = ShuffleBuffer(rng, self.capacity(row_bytes))
-                state["buffer"] = self._buffer = buf
-            state["chunk_rows"] = max(state["chunk_rows"], item.rows)
-            released = buf.resize(self.capacity(state["row_bytes"]))
-            try:
-                released += buf.add(chunk)
-            except ValueError as exc:
-                raise PipelineError(f"stage {self.name!r}: {exc}") from None
-            return emit(released)
-
-        def on_idle() -> list[Item]:
-            buf = state["buffer"]
-            return emit(buf.resize(self.capacity(state["row_bytes"]))) if buf is not None else []
-
-        def on_end() -> list[Item]:
-            buf = state["buffer"]
-            return emit(buf.drain(state["chunk_rows"])) if buf is not None else []
-
-        stats = self.stats.worker(0)
-        epoch.spawn(lambda: sequential_loop(stats, inp, out, on_item, on_end, on_idle), self.name)
-        return out
-
-
-class BatchStage(Stage):
-    """Rebatches to exactly ``batch_rows`` rows (the last batch short unless ``drop_last``)."""
-
-    kind = "batch"
-
-    def __init__(self, name: str, batch_rows: int, drop_last: bool) -> None:
-        super().__init__(name)
-        self.batch_rows = batch_rows
-        self.drop_last = drop_last
-        self._batcher: Batcher | None = None
-
-    def internal_bytes(self) -> int:
-        b = self._batcher
-        return b.nbytes if b is not None else 0
-
-    def queue_capacity(self) -> int:
-        return 2
-
-    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
-        assert inp is not None
-        out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
-        self._out = out
-        batcher = self._batcher = Batcher(self.batch_rows, self.drop_last)
-
-        def wrap(pairs: list[tuple[dict, Origin]]) -> list[Item]:
-            return [Item(c, o, num_rows(c), nbytes(c)) for c, o in pairs]
-
-        def on_item(item: Item) -> list[Item]:
-            lengths = {len(c) for c in item.chunk.values()}
-            if len(lengths) > 1:
-                sizes = {k: len(v) for k, v in item.chunk.items()}
-                raise PipelineError(f"stage {self.name!r}: input chunk has unequal column lengths {sizes}")
-            return wrap(batcher.add(item.chunk, item.origin))
-
-        stats = self.stats.worker(0)
-        epoch.spawn(lambda: sequential_loop(stats, inp, out, on_item, lambda: wrap(batcher.flush())), self.name)
-        return out
-
-
-class PrefetchStage(Stage):
-    """A buffer of ready batches in front of the consumer: ``depth`` items and ``buffer_mb`` bytes at most."""
-
-    kind = "prefetch"
-
-    def __init__(self, name: str, depth: int, buffer_mb: int, max_mb: int) -> None:
-        super().__init__(name)
-        self.depth = depth
-        self._mb = buffer_mb
-        self.knobs.append(Knob(f"{name}.buffer_mb", "mb", 1, max_mb, lambda: self._mb, self._set_mb))
-
-    def _set_mb(self, value: int) -> None:
-        self._mb = value
-
-    def queue_capacity(self) -> int:
-        return self.depth
-
-    def queue_fill(self) -> float:
-        out = self._out
-        if out is None:
-            return 0.0
-        return min(1.0, max(out.items / self.depth, out.bytes / (self._mb * MiB)))
-
-    def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
-        assert inp is not None
-        out = epoch.channel(
-            f"{self.name}.out", max_items=lambda: self.depth, max_bytes=lambda: self._mb * MiB
-        )
-        self._out = out
-        stats = self.stats.worker(0)
-        epoch.spawn(lambda: sequential_loop(stats, inp, out, lambda item: [item], lambda: []), self.name)
-        return out
