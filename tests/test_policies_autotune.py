@@ -171,3 +171,15 @@ def test_dedicated_pool_maps_parallelism_to_workers():
     assert p.plan.workers == {"read": 6, "udf": 6}  # the runner's clamp then keeps the total to 6 CPUs
     with pytest.raises(ValueError, match="pool"):
         make("autotune", pool="bogus")
+
+
+def test_shuffle_window_is_neither_tuned_nor_counted():
+    # the live engine's shuffle stage: no workers, its buffer_mb is the shuffle window (256 MB of 10 MB rows)
+    spec = {"read.workers": ("cpu", 1, 16, 1), "shuffle.buffer_mb": ("mb", 1, 4096, 256), "udf.workers": ("cpu", 1, 16, 1)}
+    knobs, store = _knobs(spec)
+    stages = [_stage("read", 0.01, size=10 * MB), _stage("shuffle", 0.001, size=10 * MB), _stage("udf", 0.04, size=10 * MB)]
+    p = make("autotune")
+    _run(p, knobs, store, [_obs(t, stages, cpus=16.0, host_free=200 * MB) for t in range(3)])
+    assert store["shuffle.buffer_mb"] == 256
+    assert set(p.plan.parallelism) == {"read", "udf"}
+    assert p.plan.max_buffered_bytes == pytest.approx(110 * MB)  # as without the shuffle: 2560 MB unseen

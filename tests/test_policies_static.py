@@ -27,6 +27,13 @@ SPEC = {
 }
 
 
+def test_none_leaves_the_shuffle_window_as_configured():
+    knobs, store = _knobs({"read.workers": ("cpu", 1, 8, 3), "shuffle.buffer_mb": ("mb", 1, 4096, 256)})
+    p = make("none")
+    p.reset(knobs, _obs(4))
+    assert p.step(_obs(4)) == {"read.workers": 1}
+
+
 def test_none_sets_one_worker_and_minimal_buffers_and_then_stays_quiet():
     knobs, store = _knobs(SPEC)
     p = make("none")

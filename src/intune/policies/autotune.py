@@ -15,7 +15,9 @@ What tf.data does, and how it maps onto a pipeline of stages with ``<stage>.work
   whose buffer holds ``parallelism / ratio`` elements; its ``buffer_mb`` knob, if any, is set to hold
   that many elements of its measured size. A prefetch stage (name starting with ``prefetch``, or as
   given) is a PrefetchDataset whose buffer belongs to the legacy prefetch autotuner and counts as 0
-  in the model (a prefetch stage with workers is a parallel map feeding that prefetch).
+  in the model (a prefetch stage with workers is a parallel map feeding that prefetch). A shuffle
+  stage's buffer (name starting with ``shuffle``) is the user's shuffle window: tf.data never tunes
+  it and its RAM accounting does not see it.
 - Optimisation: ``hill_climb`` from the minimums, parallelism capped by the thread-pool size fixed
   when the iterator was created (``obs.cpus`` at launch), stopping at all-maximum or when the
   maximum buffered bytes exceed the RAM budget; the CPU budget is not used (``AutotuneAlgorithm::DEFAULT``
@@ -64,7 +66,7 @@ from intune.policies.autotune_model import (
     with_values,
 )
 from intune.policies.base import MB
-from intune.policies.static import changes
+from intune.policies.static import changes, stage_role
 
 RAM_BUDGET_SHARE = 0.5  # kRamBudgetShare
 BUFFER_LIMIT_THRESHOLD = 2048  # prefetch_autotuner.cc: doubling below, +2048 at or above
@@ -233,7 +235,10 @@ class AutotunePolicy:
     def _is_prefetch(self, stage: str) -> bool:
         if self._prefetch_names is not None:
             return stage in self._prefetch_names
-        return stage.startswith("prefetch")
+        return stage_role(stage) == "prefetch"
+
+    def _is_shuffle(self, stage: str) -> bool:
+        return not self._is_prefetch(stage) and stage_role(stage) == "shuffle"
 
     @staticmethod
     def _now(obs: Observation) -> float:
@@ -297,7 +302,7 @@ class AutotunePolicy:
                     chain.append(Node(f"{name}/prefetch", 0.0, 1.0, 1.0, 0.0, t.element_bytes))
             elif self._is_prefetch(name):  # legacy-autotuned buffer: 0 elements in the model
                 chain.append(Node(name, t.self_time, ratio, 1.0, 0.0, t.element_bytes))
-            elif buffer is None or t.element_bytes <= 0:  # nothing tf.data could tune here
+            elif buffer is None or t.element_bytes <= 0 or self._is_shuffle(name):  # nothing tf.data tunes
                 chain.append(Node(name, t.self_time, ratio, 1.0, None, t.element_bytes))
             else:  # a buffer of its own that tf.data would autotune (a non-legacy prefetch)
                 size = t.element_bytes
@@ -349,7 +354,7 @@ class AutotunePolicy:
     def _plan_buffers(self, plan: AutotunePlan, nodes: Mapping[str, Node]) -> None:
         for name in self._stages:
             knob = self._knobs.get(f"{name}.buffer_mb")
-            if knob is None or name in self._prefetch or name not in plan.buffer_elements:
+            if knob is None or name in self._prefetch or self._is_shuffle(name) or name not in plan.buffer_elements:
                 continue
             size = nodes[name].element_bytes
             if size > 0:

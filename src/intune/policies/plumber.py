@@ -44,7 +44,7 @@ from scipy.optimize import linprog
 from intune.knobs import Knob
 from intune.observation import Observation
 from intune.policies.base import MB
-from intune.policies.static import changes
+from intune.policies.static import changes, stage_role
 
 MAX_PREFETCH_ELEMENTS = 256
 
@@ -160,7 +160,7 @@ class PlumberPolicy:
     def _is_prefetch(self, stage: str) -> bool:
         if self._prefetch_names is not None:
             return stage in self._prefetch_names
-        return stage.startswith("prefetch")
+        return stage_role(stage) == "prefetch"
 
     def step(self, observation: Observation) -> dict[str, int]:
         obs = observation

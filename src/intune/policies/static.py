@@ -2,8 +2,12 @@
 
 ``none`` gives every stage one worker and its smallest buffer. ``heuristic`` divides the CPUs evenly
 over the stages (``even_split``) and divides them again whenever the CPU count changes; buffers keep
-their values. Also owns ``changes``, the helper every baseline uses to ask only for knobs whose value
-differs. Neither policy reads anything but the CPU count: they must not look at stage signals.
+their values. A shuffle stage's buffer is the user's shuffle window (it sets how random the order is),
+not a performance buffer, so ``none`` leaves it as configured too.
+
+Also owns two helpers every baseline uses: ``changes`` (ask only for knobs whose value differs) and
+``stage_role`` (prefetch / shuffle / other, from the stage's name: observations carry no stage kinds).
+Neither policy reads anything but the CPU count: they must not look at stage signals.
 """
 
 from __future__ import annotations
@@ -13,6 +17,14 @@ from collections.abc import Mapping
 from intune.knobs import Knob
 from intune.observation import Observation
 from intune.policies.base import even_split
+
+
+def stage_role(stage: str) -> str:
+    """``"prefetch"``, ``"shuffle"`` or ``"stage"``: by name prefix, as the engine and the simulator name them."""
+    for role in ("prefetch", "shuffle"):
+        if stage.startswith(role):
+            return role
+    return "stage"
 
 
 def changes(knobs: Mapping[str, Knob], target: Mapping[str, int]) -> dict[str, int]:
@@ -36,7 +48,13 @@ class NonePolicy:
         self._knobs = knobs
 
     def target(self) -> dict[str, int]:
-        return {n: (k.clamp(1) if k.unit == "cpu" else k.min) for n, k in self._knobs.items()}
+        out = {}
+        for name, k in self._knobs.items():
+            if k.unit == "cpu":
+                out[name] = k.clamp(1)
+            elif stage_role(k.stage) != "shuffle":
+                out[name] = k.min
+        return out
 
     def step(self, observation: Observation) -> dict[str, int]:
         return changes(self._knobs, self.target())
@@ -64,4 +82,4 @@ class HeuristicPolicy:
         return changes(self._knobs, self._split)
 
 
-__all__ = ["HeuristicPolicy", "NonePolicy", "changes"]
+__all__ = ["HeuristicPolicy", "NonePolicy", "changes", "stage_role"]
