@@ -138,9 +138,12 @@ def test_prefetch_buffer_is_bounded_in_bytes_by_its_knob():
     with pipe:
         it = iter(pipe)
         next(it)
-        time.sleep(0.3)  # let the prefetcher fill up
+        deadline = time.monotonic() + 5
+        while pipe.metrics().stages["prefetch"].queue_len < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)  # let the prefetcher fill up: 4 items of 0.5 MB reach the 2 MB bound
+        time.sleep(0.1)
         held = pipe.metrics().stages["prefetch"].buffered_bytes
-        assert 0 < held <= 2 << 20
+        assert held == 4 * (512 << 10)
         pipe.knobs["prefetch.buffer_mb"].set(1)
         for _ in range(6):
             next(it)

@@ -138,6 +138,8 @@ class ProcessWorker:
         Raises ``WorkerDied`` (the child is gone; call ``restart``), ``RemoteError`` (the function
         raised) or ``Stopped`` when ``stop`` is set while waiting (the child is killed).
         """
+        if stop.is_set():
+            raise Stopped
         if self._proc is None:
             self.start()
         layout, size = shm.plan(chunk)

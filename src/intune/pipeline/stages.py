@@ -262,6 +262,7 @@ class MapStage(PooledStage):
         self.max_attempts = 3  # a chunk that kills its worker this many times is an error
         self._procs: list[ProcessWorker] = []
         self._procs_lock = threading.Lock()
+        self._closed = False
         self._blob = b""
         if mode == "process":
             import cloudpickle
@@ -288,6 +289,8 @@ class MapStage(PooledStage):
 
     def process_worker(self, index: int, label: str) -> ProcessWorker:
         with self._procs_lock:
+            if self._closed:
+                raise Stopped  # the pipeline was closed while this chunk was on its way
             while len(self._procs) <= index:
                 self._procs.append(ProcessWorker(self._blob, f"{label}-w{len(self._procs)}"))
             return self._procs[index]
@@ -336,6 +339,7 @@ class MapStage(PooledStage):
 
     def close(self) -> None:
         with self._procs_lock:
+            self._closed = True
             procs, self._procs = self._procs, []
         for p in procs:
             p.close()
