@@ -1,0 +1,126 @@
+"""The agent's hyperparameters: one typed dataclass, one docstring per field.
+
+Owns every number that shapes the DQN (network width, learning rate, schedules, replay, safety
+margins, pretraining randomisation). It must not hold code that uses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class AgentConfig:
+    """Hyperparameters of the InTune DQN, its pretraining and its online fine-tuning."""
+
+    seed: int = 0
+    """Seed of torch, numpy and the simulated workloads drawn for pretraining."""
+
+    total_steps: int = 6000
+    """Vector steps of pretraining (each steps every parallel simulated pipeline once)."""
+
+    num_envs: int = 16
+    """Simulated pipelines stepped in parallel; every one contributes a transition per vector step."""
+
+    episode_ticks: int = 300
+    """Ticks of one pretraining episode before its pipeline is replaced by a fresh random one."""
+
+    hidden: int = 64
+    """Width of the two hidden layers of the shared three-layer MLP."""
+
+    learning_rate: float = 1e-3
+    """Adam learning rate of pretraining."""
+
+    online_learning_rate: float = 2e-4
+    """Adam learning rate of online fine-tuning (smaller: live rewards are few and noisy)."""
+
+    gamma: float = 0.8
+    """Discount per tick; short horizon because an allocation's effect shows within a few ticks."""
+
+    n_step: int = 3
+    """Rewards summed into one n-step return (faster credit for a run of moves toward the optimum)."""
+
+    buffer_size: int = 32768
+    """Transitions kept in the replay buffer."""
+
+    batch_size: int = 128
+    """Transitions per gradient step."""
+
+    learning_starts: int = 200
+    """Vector steps of pure exploration before the first gradient step."""
+
+    train_frequency: int = 1
+    """Vector steps between gradient steps."""
+
+    target_update_frequency: int = 250
+    """Gradient steps between copies of the online network into the target network."""
+
+    epsilon_start: float = 1.0
+    """Exploration rate at the start of pretraining."""
+
+    epsilon_end: float = 0.05
+    """Exploration rate after the decay."""
+
+    exploration_fraction: float = 0.5
+    """Fraction of ``total_steps`` over which epsilon falls linearly from start to end."""
+
+    max_grad_norm: float = 10.0
+    """Gradient clipping norm (Huber loss already bounds the per-sample gradient)."""
+
+    action_deltas: tuple[int, ...] = (-5, -1, 0, 1, 5)
+    """Per-knob actions; (-1, 0, 1) is the ablation without the paper's +-5 moves."""
+
+    global_only: bool = False
+    """Ablation: hide the per-stage signals and keep only the paper's global factors and knob values."""
+
+    memory_margin: float = 0.85
+    """The safety mask never lets projected memory use exceed this fraction of the limit."""
+
+    min_cpus: int = 2
+    """Fewest CPUs of a randomised pretraining machine."""
+
+    max_cpus: int = 128
+    """Most CPUs of a randomised pretraining machine."""
+
+    min_stages: int = 2
+    """Fewest stages of a randomised pretraining pipeline."""
+
+    max_stages: int = 8
+    """Most stages of a randomised pretraining pipeline (the network is sized for this)."""
+
+    resize_probability: float = 0.006
+    """Chance per tick of a CPU resize event during a pretraining episode."""
+
+    tight_memory_probability: float = 0.4
+    """Share of pretraining episodes whose memory limit is tight enough to matter."""
+
+    eval_every: int = 500
+    """Vector steps between greedy evaluations on the fixed validation pipelines (learning curve)."""
+
+    online_train_every: int = 4
+    """Live ticks between gradient steps of online fine-tuning."""
+
+    online_buffer_size: int = 2048
+    """Transitions kept for online fine-tuning."""
+
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form notes stored with the weights (e.g. the command that produced them)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, so the config can be stored beside weights and loaded without pickle."""
+        out = asdict(self)
+        out["action_deltas"] = list(self.action_deltas)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
+        """Inverse of ``to_dict``; unknown keys raise so that a stale weights file is noticed."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"AgentConfig: unknown field(s) {unknown}")
+        data = dict(data)
+        if "action_deltas" in data:
+            data["action_deltas"] = tuple(int(d) for d in data["action_deltas"])
+        return cls(**data)

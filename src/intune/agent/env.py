@@ -1,0 +1,156 @@
+"""Simulated pipelines as training environments: the reward scale, and the randomised draws.
+
+``SimEnv`` wraps an ``intune.sim.Simulator`` into the ``Env`` protocol of ``dqn``: the reward is the
+contract's ``reward(obs, scale)`` with the phase optimum (``sim.optimum(cpus)``) as the scale, so a
+perfect allocation earns 1 per tick on every pipeline. ``random_env`` draws the pretraining
+distribution the issue asks for (2-8 stages, 2-128 CPUs with resizes at random times, tight and loose
+memory, model latency from 0 to the pipeline's own). It must not learn or choose actions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from intune.agent.config import AgentConfig
+from intune.observation import Observation, reward
+
+OPTIMUM_REFRESH_TICKS = 120  # drift moves the optimum slowly; recompute it this often (a search is ~20 ms)
+
+
+class SimEnv:
+    """One simulated pipeline; reward = throughput / phase optimum x memory factor, OOM penalty."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        self.knobs = sim.knobs
+        self._optimum: dict[float, tuple[int, float]] = {}
+        self._tick = 0
+
+    def reset(self) -> Observation:
+        self._optimum.clear()
+        self._tick = 0
+        return self.sim.reset()
+
+    def step(self) -> Observation:
+        self._tick += 1
+        return self.sim.step()
+
+    def optimum(self, cpus: float) -> float:
+        """Best throughput at ``cpus`` (cached, refreshed as drift moves it)."""
+        cached = self._optimum.get(cpus)
+        if cached is None or self._tick - cached[0] >= OPTIMUM_REFRESH_TICKS:
+            cached = (self._tick, float(self.sim.optimum(int(cpus))[1]))
+            self._optimum[cpus] = cached
+        return cached[1]
+
+    def reward(self, obs: Observation) -> float:
+        return reward(obs, self.optimum(obs.cpus))
+
+
+def _log_uniform_int(rng: np.random.Generator, lo: int, hi: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def random_schedule(rng: np.random.Generator, config: AgentConfig, ticks: int):
+    """CPUs drawn log-uniformly in [min_cpus, max_cpus], resized at random ticks."""
+    from intune.sim.schedule import CpuSchedule
+
+    starts, levels = [0], [_log_uniform_int(rng, config.min_cpus, config.max_cpus)]
+    for t in range(1, ticks):
+        if rng.random() < config.resize_probability:
+            level = _log_uniform_int(rng, config.min_cpus, config.max_cpus)
+            if level != levels[-1]:
+                starts.append(t)
+                levels.append(level)
+    return CpuSchedule(starts=tuple(starts), levels=tuple(levels), length_ticks=ticks + 1)
+
+
+def random_spec(rng: np.random.Generator, n_stages: int, name: str = "random"):
+    """A random pipeline: read first, prefetch last, map/UDF/shuffle/batch stages between.
+
+    Covers what the issue lists: CPU cost and its variance, I/O share, GIL-bound thread stages,
+    process workers (~100+ MB each), a shuffle buffer's fixed memory, drifting UDF costs.
+    """
+    from intune.sim.spec import spec_from_dict
+
+    def log_uniform(lo: float, hi: float) -> float:
+        return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+    middle = ["batch"] if n_stages >= 3 else []
+    while len(middle) < n_stages - 2:
+        middle.append(str(rng.choice(["udf", "udf", "map", "shuffle"])))
+    rng.shuffle(middle)
+    kinds = ["read", *middle, "prefetch"][:n_stages] if n_stages >= 2 else ["read"]
+    if n_stages == 2:
+        kinds = ["read", "udf"]
+    stages = []
+    for i, kind in enumerate(kinds):
+        stage: dict = {"name": f"{kind}{i}", "kind": kind, "cpu_cv": rng.uniform(0.0, 1.0),
+                       "contention": rng.uniform(0.0, 0.02), "queue_items": int(rng.integers(1, 5))}
+        if kind == "read":
+            stage.update(cpu_us_per_row=log_uniform(0.3, 10.0), io_us_per_row=log_uniform(0.1, 60.0) * (rng.random() < 0.8),
+                         worker_mb=log_uniform(4, 32))
+        elif kind == "udf":
+            stage.update(cpu_us_per_row=log_uniform(1.0, 80.0), drift={"amplitude": rng.uniform(0.0, 0.5),
+                                                                   "period_s": log_uniform(100.0, 2000.0)})
+        elif kind == "shuffle":
+            stage.update(cpu_us_per_row=log_uniform(0.3, 10.0), fixed_mb=log_uniform(64, 4096))
+        else:
+            stage.update(cpu_us_per_row=log_uniform(0.3, 30.0))
+        if kind in ("udf", "map", "batch") and rng.random() < 0.5:
+            stage.update(mode="process", worker_mb=log_uniform(60, 300))
+        elif kind != "read" and rng.random() < 0.3:
+            stage.update(gil_fraction=rng.uniform(0.2, 1.0))
+        if kind in ("read", "prefetch") or rng.random() < 0.25:
+            stage["buffer"] = {"min": 1, "max": 4096, "default": int(rng.choice([8, 16, 64, 256]))}
+        stages.append(stage)
+    base = log_uniform(1.0, 12.0)
+    limit = base + log_uniform(8.0, 200.0)
+    return spec_from_dict({
+        "name": name, "stages": stages, "batch_size": int(rng.choice([256, 1024, 4096, 24096])),
+        "chunk_rows": int(rng.choice([512, 1024, 4096])), "bytes_per_row": log_uniform(50, 2000),
+        "machine": {"cpus": 32, "memory_limit_gb": limit, "host_memory_gb": max(256.0, limit), "base_memory_gb": base,
+                    "restart_delay_s": 30.0, "oversubscription_cost": rng.uniform(0.1, 0.5)},
+    }, source=f"agent.env.random_spec({name})")
+
+
+def random_sim(rng: np.random.Generator, config: AgentConfig, ticks: int | None = None, seed: int | None = None):
+    """A random pipeline on a random machine, as a Simulator (the pretraining distribution)."""
+    from intune.sim.simulator import Simulator
+
+    ticks = ticks or config.episode_ticks
+    n_stages = int(rng.integers(config.min_stages, config.max_stages + 1))
+    schedule = random_schedule(rng, config, ticks)
+    if rng.random() < 0.5:  # the simulator's own generator (its own memory limits and consumers)
+        from intune.sim import random_workload
+
+        spec = random_workload(rng, n_stages=n_stages, cpus=schedule.levels[0])
+    else:
+        spec = _with_memory_and_consumer(rng, config, random_spec(rng, n_stages), schedule.max_cpus)
+    return Simulator(spec, cpus=schedule, seed=int(rng.integers(2**31)) if seed is None else seed)
+
+
+def _with_memory_and_consumer(rng: np.random.Generator, config: AgentConfig, spec, max_cpus: int):
+    """Tight or loose memory limit, and a consumer from unbounded to as slow as the pipeline."""
+    from intune.sim.simulator import Simulator
+
+    probe = Simulator(spec, cpus=max_cpus, seed=0)
+    best_alloc, best_throughput = probe.optimum(max_cpus)
+    machine, consumer = spec.machine, spec.consumer
+    if rng.random() < config.tight_memory_probability:
+        from intune.sim.model import GB, params_from_spec, worst_case_memory
+
+        p = params_from_spec(spec)
+        workers = [best_alloc.get(f"{n}.workers", 1) for n in p.names]
+        buffers = [best_alloc.get(f"{n}.buffer_mb", 0) for n in p.names]
+        need = worst_case_memory(p, workers, buffers) / GB
+        least = worst_case_memory(p, np.ones(p.n_stages), np.ones(p.n_stages)) / GB  # 1 worker, 1 MB each
+        limit = max(least / 0.75, need * rng.uniform(0.6, 1.3))
+        machine = dataclasses.replace(machine, memory_limit_gb=limit, host_memory_gb=max(machine.host_memory_gb, limit))
+    if rng.random() < 0.5 and best_throughput > 0:
+        latency = spec.batch_size / best_throughput * rng.uniform(0.0, 1.0)
+        consumer = dataclasses.replace(consumer, model_latency_s=latency)
+    return dataclasses.replace(spec, machine=machine, consumer=consumer)

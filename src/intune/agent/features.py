@@ -1,0 +1,175 @@
+"""Observation + knobs -> one feature row per knob, each carrying the pipeline-level context.
+
+Owns the agent's view of the world: which signals it sees, how they are normalised, and which ones
+the paper's global-only ablation hides. Rows are padded to ``MAX_KNOBS`` so that pipelines of 2 to 8
+stages share one network and one replay buffer. It must not choose actions or touch the knobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from intune.knobs import Knob
+from intune.observation import Observation, StageObservation
+
+MB = 1 << 20
+MAX_STAGES = 8
+MAX_KNOBS = 2 * MAX_STAGES  # workers and buffer per stage
+
+KNOB_FEATURES: tuple[str, ...] = (
+    "is_cpu",  # the knob moves workers
+    "is_mb",  # the knob moves buffer memory
+    "value_share",  # workers / CPUs, or buffer bytes / memory limit
+    "log_value",  # log1p(value) / 5
+    "at_min",
+    "at_max",
+    "last_delta",  # the move applied to this knob last tick, / 5
+    "busy",  # stage signals (hidden in the global-only ablation) ...
+    "starved",
+    "blocked",
+    "queue_fill",
+    "work_share",  # busy*workers / sum over stages: where the pipeline's work is
+    "cpu_per_wall",  # CPU s / wall s per item: low for I/O waits and GIL contention
+    "buffered_share",  # stage's buffered bytes / memory limit
+    "rate_change",  # relative change of the stage's items/s since last tick
+    "worker_share",  # workers / all workers (a knob value, so the ablation keeps it)
+    "position",  # stage index / (stages - 1)
+    "is_first",
+    "is_last",
+)
+CONTEXT_FEATURES: tuple[str, ...] = (
+    "free_cpu_share",  # free CPUs / CPUs
+    "log_cpus",  # log2(CPUs) / 7
+    "memory_fraction",  # used / limit
+    "throughput_vs_best",  # throughput / best seen since the last resize
+    "throughput_change",  # (throughput - last) / best
+    "n_stages",  # stages / 8
+    "demand_ratio",  # throughput / consumer demand (0 when unknown)
+    "resized",  # the CPU count changed at this tick
+    "ticks_since_resize",  # / 30, capped at 1
+    "max_busy",  # stage signals (hidden in the global-only ablation)
+    "mean_starved",
+)
+N_FEATURES = len(KNOB_FEATURES) + len(CONTEXT_FEATURES)
+
+_STAGE_SIGNALS = ("busy", "starved", "blocked", "queue_fill", "work_share", "cpu_per_wall", "buffered_share", "rate_change")
+_HIDDEN_IN_GLOBAL_ONLY = np.array(
+    [name in _STAGE_SIGNALS for name in KNOB_FEATURES] + [name in ("max_busy", "mean_starved") for name in CONTEXT_FEATURES]
+)
+
+
+class FeatureBuilder:
+    """Turns each tick's Observation into rows; remembers the little history the rows need.
+
+    One builder per pipeline run: ``reset`` at the start, then ``rows(observation)`` every tick and
+    ``applied(deltas)`` after the knobs moved.
+    """
+
+    def __init__(self, knobs: Mapping[str, Knob], global_only: bool = False) -> None:
+        self.knob_names: list[str] = list(knobs)
+        if len(self.knob_names) > MAX_KNOBS:
+            raise ValueError(f"the agent handles at most {MAX_KNOBS} knobs, got {len(self.knob_names)}")
+        self.knobs = dict(knobs)
+        self._layout = [(knobs[n].stage, knobs[n].unit == "cpu", knobs[n].min, knobs[n].max) for n in self.knob_names]
+        self.global_only = global_only
+        self.reset()
+
+    def reset(self) -> None:
+        self.best_throughput = 0.0
+        self.last_throughput = 0.0
+        self.last_cpus = -1.0
+        self.ticks_since_resize = 0
+        self.last_deltas = np.zeros(len(self.knob_names), dtype=np.float32)
+        self.last_stage_rate: dict[str, float] = {}
+
+    def applied(self, deltas: Sequence[int]) -> None:
+        """Record the moves the knobs actually made this tick (after the safety layer)."""
+        self.last_deltas = np.asarray(deltas, dtype=np.float32) / 5.0
+
+    def rows(self, obs: Observation) -> np.ndarray:
+        """``[n_knobs, N_FEATURES]`` float32 rows for this tick (not padded)."""
+        resized = obs.cpus != self.last_cpus
+        if resized:
+            self.ticks_since_resize = 0
+            self.best_throughput = 0.0
+        else:
+            self.ticks_since_resize += 1
+        self.last_cpus = obs.cpus
+        thr = max(0.0, obs.throughput)
+        self.best_throughput = max(thr, self.best_throughput * 0.998)
+        best = max(self.best_throughput, 1e-9)
+
+        stages = obs.stages
+        n = len(stages)
+        cpus = max(obs.cpus, 1.0)
+        limit = obs.memory_limit_bytes if obs.memory_limit_bytes > 0 else float("inf")
+        work = [s.busy * max(s.workers, 1) for s in stages]
+        total_work = sum(work) or 1.0
+        total_workers = sum(s.workers for s in stages) or 1
+        by_name: dict[str, tuple[int, StageObservation, float]] = {
+            s.name: (i, s, work[i] / total_work) for i, s in enumerate(stages)
+        }
+        context = [
+            max(-1.0, min(1.0, obs.free_cpus / cpus)),
+            math.log2(cpus) / 7.0,
+            min(1.5, obs.memory_fraction),
+            thr / best,
+            max(-1.0, min(1.0, (thr - self.last_throughput) / best)),
+            n / MAX_STAGES,
+            min(2.0, thr / obs.demand) if obs.demand > 0 else 0.0,
+            1.0 if resized else 0.0,
+            min(1.0, self.ticks_since_resize / 30.0),
+            max((s.busy for s in stages), default=0.0),
+            sum(s.starved for s in stages) / max(n, 1),
+        ]
+        self.last_throughput = thr
+
+        rate_change: dict[str, float] = {}
+        for s in stages:
+            last = self.last_stage_rate.get(s.name, s.items_per_s)
+            rate_change[s.name] = max(-1.0, min(1.0, (s.items_per_s - last) / max(last, s.items_per_s, 1e-9)))
+            self.last_stage_rate[s.name] = s.items_per_s
+
+        out = np.empty((len(self.knob_names), N_FEATURES), dtype=np.float32)
+        for k, (stage, is_cpu, lo, hi) in enumerate(self._layout):
+            i, s, work_share = by_name[stage]
+            value = s.workers if is_cpu else s.buffer_mb
+            share = value / cpus if is_cpu else min(2.0, value * MB / limit)
+            cpu_per_wall = min(1.0, s.cpu_s_per_item / s.wall_s_per_item) if s.wall_s_per_item > 0 else 0.0
+            out[k, : len(KNOB_FEATURES)] = (
+                1.0 if is_cpu else 0.0,
+                0.0 if is_cpu else 1.0,
+                share,
+                math.log1p(max(value, 0)) / 5.0,
+                1.0 if value <= lo else 0.0,
+                1.0 if value >= hi else 0.0,
+                self.last_deltas[k],
+                s.busy,
+                s.starved,
+                s.blocked,
+                s.queue_fill,
+                work_share,
+                cpu_per_wall,
+                min(2.0, s.buffered_bytes / limit),
+                rate_change[s.name],
+                s.workers / total_workers,
+                i / (n - 1) if n > 1 else 0.0,
+                1.0 if i == 0 else 0.0,
+                1.0 if i == n - 1 else 0.0,
+            )
+            out[k, len(KNOB_FEATURES) :] = context
+        if self.global_only:
+            out[:, _HIDDEN_IN_GLOBAL_ONLY] = 0.0
+        return out
+
+
+def pad(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows padded to ``MAX_KNOBS`` and the mask of real knobs."""
+    padded = np.zeros((MAX_KNOBS, N_FEATURES), dtype=np.float32)
+    padded[: len(rows)] = rows
+    valid = np.zeros(MAX_KNOBS, dtype=bool)
+    valid[: len(rows)] = True
+    return padded, valid

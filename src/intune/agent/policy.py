@@ -1,0 +1,178 @@
+"""IntunePolicy: the pretrained DQN as a Policy (registry name ``intune``), fine-tuned online.
+
+Starts from the even split (the paper's choice) or from Plumber's estimate (``warm_start="plumber"``),
+then every tick moves each knob by one of the deltas, greedily under the safety mask. ``observe``
+(the live tuner calls it each tick with the reward) feeds a small replay buffer and takes a gradient
+step every few ticks, off the decision path. Weights load with ``torch.load(weights_only=True)``. It
+must not touch knobs itself: it returns requests, the runner applies them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from intune.agent.config import AgentConfig
+from intune.agent.dqn import new_network, td_loss
+from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
+from intune.agent.network import BranchingQNetwork
+from intune.agent.replay import ReplayBuffer
+from intune.agent.safety import SafetyLayer
+from intune.knobs import Knob
+from intune.observation import Observation
+from intune.policies.base import even_split
+
+WEIGHTS_DIR = Path(__file__).with_name("weights")
+DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
+WEIGHTS_FORMAT = 1
+
+
+def save_weights(path: str | Path, q: BranchingQNetwork, config: AgentConfig) -> Path:
+    """Write the network and its config as plain tensors and primitives (loadable with weights_only)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone() for k, v in q.state_dict().items()}
+    torch.save({"format": WEIGHTS_FORMAT, "config": config.to_dict(), "state_dict": state}, out)
+    return out
+
+
+def load_weights(path: str | Path = DEFAULT_WEIGHTS) -> tuple[BranchingQNetwork, AgentConfig]:
+    """Load a weights file written by ``save_weights``; errors name the file."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"agent weights {path} not found; make them with `intune pretrain --out {path}`")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        if payload.get("format") != WEIGHTS_FORMAT:
+            raise ValueError(f"format {payload.get('format')!r}, expected {WEIGHTS_FORMAT}")
+        config = AgentConfig.from_dict(payload["config"])
+        q = new_network(config)
+        q.load_state_dict(payload["state_dict"])
+    except Exception as exc:
+        raise ValueError(f"agent weights {path}: cannot load ({exc})") from exc
+    q.eval()
+    return q, config
+
+
+class IntunePolicy:
+    """The InTune agent. ``network``/``config`` override the shipped weights (used in pretraining)."""
+
+    name = "intune"
+
+    def __init__(
+        self,
+        weights: str | Path | None = None,
+        warm_start: str = "even",
+        online: bool = True,
+        network: BranchingQNetwork | None = None,
+        config: AgentConfig | None = None,
+        seed: int = 0,
+    ) -> None:
+        if warm_start not in ("even", "plumber"):
+            raise ValueError(f"warm_start must be 'even' or 'plumber', got {warm_start!r}")
+        if network is None:
+            network, loaded = load_weights(weights or DEFAULT_WEIGHTS)
+            config = config or loaded
+        self.q = network
+        self.config = config or AgentConfig()
+        self.warm_start = warm_start
+        self.online = online
+        self._rng = np.random.default_rng(seed)
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._target: BranchingQNetwork | None = None
+        self._buffer: ReplayBuffer | None = None
+        self._observed = 0
+
+    # -- Policy protocol ---------------------------------------------------------------------------
+    def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
+        self.knobs = dict(knobs)
+        self.builder = FeatureBuilder(self.knobs, global_only=self.config.global_only)
+        self.safety = SafetyLayer(list(self.knobs.values()), self.config.action_deltas, self.config.memory_margin)
+        self._start = self._start_allocation(observation)
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._pending_reward: float | None = None
+
+    def step(self, observation: Observation) -> dict[str, int]:
+        if self._start is not None:
+            start, self._start = self._start, None
+            self.safety.track(observation)  # so the start's change of workers teaches what a worker costs
+            return start
+        rows, valid = pad(self.builder.rows(observation))
+        values = [k.value for k in self.safety.knobs]
+        mask = self.safety.mask(observation, values)
+        self._remember(rows, valid, mask)
+        n = len(values)
+        with torch.inference_mode():
+            q_values = self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
+        choice = self.safety.select(q_values, mask, observation, values)
+        deltas = self.safety.moves(choice, observation)
+        self.builder.applied(self.safety.deltas[choice])
+        actions = np.full(MAX_KNOBS, self.safety.zero, dtype=np.int64)
+        actions[:n] = choice
+        self._last = (rows, valid, actions)
+        return {k.name: int(v + d) for k, v, d in zip(self.safety.knobs, values, deltas) if d}
+
+    # -- online fine-tuning ------------------------------------------------------------------------
+    def observe(self, observation: Observation, reward: float) -> None:
+        """The reward of the last action; every ``online_train_every`` calls, one gradient step."""
+        if not self.online or self._last is None:
+            return
+        self._pending_reward = float(reward)
+        self._observed += 1
+        buffer = self._buffer
+        if buffer is not None and buffer.size >= self.config.batch_size // 4 and self._observed % self.config.online_train_every == 0:
+            self._learn(buffer)
+
+    def _remember(self, rows: np.ndarray, valid: np.ndarray, mask: np.ndarray) -> None:
+        """Complete the previous tick's transition now that its next state is known."""
+        if not self.online or self._last is None or self._pending_reward is None:
+            return
+        if self._buffer is None:
+            self._buffer = ReplayBuffer(self.config.online_buffer_size, MAX_KNOBS, N_FEATURES, len(self.config.action_deltas))
+        next_mask = np.zeros((MAX_KNOBS, len(self.config.action_deltas)), dtype=bool)
+        next_mask[: len(mask)] = mask
+        prev_rows, prev_valid, actions = self._last
+        self._buffer.add(prev_rows, prev_valid, actions, self._pending_reward, self.config.gamma, rows, valid, next_mask)
+        self._pending_reward = None
+
+    def _learn(self, buffer: ReplayBuffer) -> None:
+        if self._optimizer is None:
+            self.q = copy.deepcopy(self.q)  # never modify a network shared with the caller
+            self._target = copy.deepcopy(self.q)
+            self._optimizer = torch.optim.Adam(self.q.parameters(), lr=self.config.online_learning_rate)
+        batch = buffer.sample(min(buffer.size, self.config.batch_size // 4), self._rng)
+        loss = td_loss(self.q, self._target, batch)
+        self._optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.q.parameters(), self.config.max_grad_norm)
+        self._optimizer.step()
+        if (self._observed // self.config.online_train_every) % 50 == 0:
+            self._target.load_state_dict(self.q.state_dict())
+
+    # -- start ----------------------------------------------------------------------------------
+    def _start_allocation(self, obs: Observation) -> dict[str, int]:
+        """Even split or Plumber's estimate, with worker growth trimmed to the memory budget."""
+        if self.warm_start == "plumber":
+            from intune.policies import make
+
+            plumber = make("plumber")
+            plumber.reset(self.knobs, obs)
+            wanted: dict[str, Any] = {**even_split(self.knobs, obs.cpus), **plumber.step(obs)}
+        else:
+            wanted = even_split(self.knobs, obs.cpus)
+        values = {n: k.value for n, k in self.knobs.items()}
+        budget = self.safety.memory_budget(obs, list(values.values()))
+        per_worker = self.safety.worker_memory_bytes(obs)
+        growth = sum(max(0, int(v) - values[n]) for n, v in wanted.items() if self.knobs[n].unit == "cpu")
+        if growth and per_worker > 0 and growth * per_worker > budget:
+            scale = max(0.0, budget) / (growth * per_worker)
+            wanted = {
+                n: (values[n] + int((int(v) - values[n]) * scale) if self.knobs[n].unit == "cpu" and int(v) > values[n] else int(v))
+                for n, v in wanted.items()
+            }
+        return {n: int(v) for n, v in wanted.items() if int(v) != values[n]}
