@@ -78,3 +78,15 @@ def test_variants_change_cpus_batch_and_stages():
     assert small.stage_names == ("read", "udf")  # the spec's order is kept
     with pytest.raises(SpecError, match=r"unknown stage\(s\) \['nope'\]"):
         workload_variant(load_workload("criteo"), stages=["read", "nope"])
+
+
+def test_the_docs_example_is_a_valid_spec():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).parents[1] / "docs" / "workloads.md").read_text()
+    example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    spec = spec_from_dict(yaml.safe_load(example), source="docs/workloads.md")
+    assert spec.stage_names == ("read", "udf", "prefetch")
