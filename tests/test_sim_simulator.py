@@ -152,3 +152,18 @@ def test_consumer_stall_stops_delivery_and_fills_buffers():
     assert obs[5].throughput == pytest.approx(100_000) and obs[9].throughput == pytest.approx(100_000)
     # 100k rows/s * 1000 B = 100 MB per stalled second into the prefetch buffer
     assert obs[8].stage("prefetch").buffered_bytes == pytest.approx(3 * 1e8, rel=0.01)
+
+
+def test_step_fast_path_agrees_with_the_pure_model():
+    from intune.sim import model
+
+    rng = np.random.default_rng(11)
+    for _ in range(8):
+        spec = random_workload(rng, consumer_bound_p=0.5)
+        sim = Simulator(spec, noise=0.0)
+        sim.reset()
+        for name, value in even_split(sim.knobs, sim.cpus + 3).items():  # sometimes oversubscribed
+            sim.knobs[name].set(value)
+        sim.step()
+        if sim.last_model_throughput > 0:  # not stalled, not killed
+            assert sim.last_model_throughput == pytest.approx(sim.true_throughput())

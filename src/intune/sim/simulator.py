@@ -84,7 +84,14 @@ class Simulator:
         self._ghz = spec.machine.cpu_ghz
         self._bw = spec.machine.mem_bandwidth_gbs
         self._phases = np.zeros(n)
+        self._gil_stages = bool((self.params.gil_fraction > 0).any())
+        gil = self.params.gil_fraction
+        self._inv_gil = np.where(gil > 0, 1.0 / np.where(gil > 0, gil, 1.0), np.inf)
         self.reset()
+
+    def _gil_cap(self, caps: np.ndarray, c: np.ndarray, share: float) -> np.ndarray:
+        """A GIL-bound thread stage makes at most ``share / (gil * c)`` rows/s (model.stage_capacity)."""
+        return np.minimum(caps, share * self._inv_gil / c)
 
     # ---------------------------------------------------------------------------------------- knobs
     def _set_workers(self, i: int, v: int) -> None:
@@ -189,23 +196,32 @@ class Simulator:
         mult = self._mult_block[row]
         z = self._noise_block[row]
         w = self._workers
-        if self._alloc_changed:
+        if self._alloc_changed:  # what depends only on the knobs: once per change, not per tick
             self._factor = model.buffer_factor(p, self._buffer_mb)
             self._cap_bytes = model.buffer_capacity_bytes(p, self._buffer_mb)
+            self._eff = model.effective_workers(w, p.contention)
+            self._total_w = float(w.sum())
+            self._static_mem = p.base_bytes + float(p.fixed_bytes.sum()) + float(np.dot(w, p.worker_bytes))
+            self._w_list = w.astype(int).tolist()
+            self._b_list = self._buffer_mb.astype(int).tolist()
             self._alloc_changed = False
-        caps = model.stage_capacity(p, w, mult)
+        c = p.cpu_s_per_row * mult
+        caps = self._eff / (c + p.io_s_per_row)
+        if self._gil_stages:
+            caps = self._gil_cap(caps, c, 1.0)
         rates = caps * self._factor
         t_stage = float(rates.min())
-        total_w = float(w.sum())
-        eta = model.cpu_efficiency(total_w, cpus, p.oversubscription_cost)
-        c = p.cpu_s_per_row * mult
+        eta = model.cpu_efficiency(self._total_w, cpus, p.oversubscription_cost)
         cpu_per_row = float(c.sum())
         t_cpu = eta * cpus / cpu_per_row
         T = min(t_stage, t_cpu)
         if self._demand > 0:
             T = min(T, self._demand)
         if t_cpu < t_stage:  # CPU-bound: every worker gets a fair share of the CPUs
-            caps = model.stage_capacity(p, w, mult, cpu_share=t_cpu / t_stage)
+            share = t_cpu / t_stage
+            caps = self._eff / (c / share + p.io_s_per_row)
+            if self._gil_stages:
+                caps = self._gil_cap(caps, c, share)
             rates = caps * self._factor
         stalled = self._stall_every and t % self._stall_every >= self._stall_every - self._stall_ticks
         if stalled:  # the trainer takes nothing: the pipeline fills its buffers at its own rate
@@ -214,7 +230,7 @@ class Simulator:
         else:
             fill = model.queue_fill_target(rates, self._demand)
             self._buffered += self._alpha * (fill * self._cap_bytes - self._buffered)
-        mem = model.memory_bytes(p, w, self._buffered)
+        mem = self._static_mem + float(self._buffered.sum())
         if stalled:
             T = 0.0
         self.last_model_throughput = T = float(T)
@@ -237,7 +253,7 @@ class Simulator:
         wall_item = w * rpi / caps * z[2 + 2 * n:]
         stages = tuple(map(
             StageObservation,
-            self._stage_names, w.astype(int).tolist(), self._buffer_mb.astype(int).tolist(), items.tolist(),
+            self._stage_names, self._w_list, self._b_list, items.tolist(),
             (items * rpi).tolist(), cpu_item.tolist(), wall_item.tolist(), p.bytes_per_item.tolist(), busy.tolist(),
             (idle * (1.0 - block_w)).tolist(), (idle * block_w).tolist(), queue_fill.tolist(), self._buffered.tolist(),
         ))
