@@ -142,14 +142,16 @@ class _EpochIterator:
         try:
             got = self._final.get()
         except Stopped:
-            self._finish()
-            if self._epoch.error is not None:
-                raise self._epoch.error from None
-            raise StopIteration from None
+            got = None
         except BaseException:  # Ctrl-C in the consumer: shut everything down, then let it through
             self._done = True
             self._pipe.close()
             raise
+        if got is None:  # stopped: by a failure (raise it, with its own cause) or by close()
+            self._finish()
+            if self._epoch.error is not None:
+                raise self._epoch.error
+            raise StopIteration
         now = time.monotonic()
         stats.wait_s += now - t0
         if got is END:
