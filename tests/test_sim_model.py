@@ -36,6 +36,11 @@ def test_cpu_bound_and_oversubscription():
     # 16 workers on 4 CPUs: eta = 1 / (1 + 0.3 * (16/4 - 1)) = 1/1.9
     assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(200_000 / 1.9)
     assert model.throughput(p, [2, 2], [0, 0], cpus=4) == pytest.approx(200_000)  # no oversubscription
+    # workers waiting on I/O want no CPU: 16 workers computing 1/10 of their time are 1.6 on 4 CPUs
+    p = _params([{"name": "a", "cpu_us_per_row": 1.0, "io_us_per_row": 9.0},
+                 {"name": "b", "cpu_us_per_row": 1.0, "io_us_per_row": 9.0}], oversubscription_cost=0.3)
+    assert model.compute_workers(p, [8, 8]) == pytest.approx(1.6)
+    assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(800_000)
 
 
 def test_io_is_hidden_by_workers_and_uses_no_cpu():

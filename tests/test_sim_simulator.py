@@ -86,10 +86,12 @@ def test_schedule_changes_cpus_and_oversubscription_costs():
     sim = Simulator(_spec(), cpus=stepped_schedule([8, 2], period_ticks=5), noise=0.0)
     sim.reset()
     sim.knobs["read.workers"].set(7)
+    sim.knobs["prefetch.workers"].set(3)
     cpus = [sim.step().cpus for _ in range(8)]
     assert cpus == [8, 8, 8, 8, 2, 2, 2, 2]
-    # on 2 CPUs, 8 workers: eta = 1 / (1 + 0.3 * 3); CPU bound 2 / 7 us
-    assert sim.last_model_throughput == pytest.approx(2 / 7e-6 / 1.9)
+    # on 2 CPUs: 7 read workers compute 2/10 of their time (1.4 want a CPU) plus 3 prefetch workers:
+    # eta = 1 / (1 + 0.3 * (4.4 / 2 - 1)) = 1 / 1.36; CPU bound 2 / 7 us / 1.36 = 210k < the stages' 600k
+    assert sim.last_model_throughput == pytest.approx(2 / 7e-6 / 1.36)
     assert paper_schedule(10).levels == (32, 64, 128, 64, 32) and paper_schedule(10).cpus_at(25) == 128
 
 

@@ -11,7 +11,9 @@ Owns the formulas (DESIGN section 4) that the simulator steps through and the or
   ``rate_i = cap_i * (1 - v_i / (1 + n_i))`` with ``v_i = min(0.9, cv_i**2 / 2)`` (a deeper buffer
   absorbs more, and a steady stage loses nothing);
 - the CPUs bound the pipeline: ``T <= eta * C / sum_i c_i`` with the oversubscription efficiency
-  ``eta = 1 / (1 + k * max(0, W / C - 1))`` when the ``W`` workers outnumber the ``C`` CPUs;
+  ``eta = 1 / (1 + k * max(0, W / C - 1))`` when the compute-wanting workers
+  ``W = sum_i w_i * c_i / (c_i + o_i)`` outnumber the ``C`` CPUs (a worker waiting on I/O wants no CPU;
+  the drift-free costs are used, so ``W`` is a property of the allocation);
 - ``T = min(min_i rate_i, eta * C / sum_i c_i, demand)`` where demand is the consumer's rows/s
   (``batch_size / model_latency``; unbounded when the model latency is 0).
 
@@ -145,17 +147,23 @@ def cpu_efficiency(total_workers: float, cpus: float, cost: float) -> float:
     return 1.0 / (1.0 + cost * max(0.0, total_workers / cpus - 1.0))
 
 
-def cpu_bound(p: ModelParams, total_workers: float, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
+def compute_workers(p: ModelParams, workers) -> float:
+    """Workers that want a CPU when busy: ``sum_i w_i * c_i / (c_i + o_i)`` (I/O waits want none)."""
+    c = p.cpu_s_per_row
+    return float(np.dot(np.asarray(workers, dtype=float), c / np.maximum(c + p.io_s_per_row, 1e-300)))
+
+
+def cpu_bound(p: ModelParams, workers, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
     """Rows/s the CPUs allow: ``eta * C / sum_i c_i``."""
     per_row = float(np.sum(p.cpu_s_per_row * cpu_mult))
-    eta = cpu_efficiency(total_workers, cpus, p.oversubscription_cost)
+    eta = cpu_efficiency(compute_workers(p, workers), cpus, p.oversubscription_cost)
     return eta * cpus / per_row if per_row > 0 else float("inf")
 
 
 def throughput(p: ModelParams, workers, buffer_mb, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
     """Steady-state rows/s delivered to the consumer: ``min(min_i rate_i, CPU bound, demand)``."""
     w = np.asarray(workers, dtype=float)
-    t = min(float(np.min(stage_rates(p, w, buffer_mb, cpu_mult))), cpu_bound(p, float(w.sum()), cpus, cpu_mult))
+    t = min(float(np.min(stage_rates(p, w, buffer_mb, cpu_mult))), cpu_bound(p, w, cpus, cpu_mult))
     return min(t, p.demand) if p.demand > 0 else t
 
 

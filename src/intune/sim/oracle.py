@@ -6,8 +6,8 @@ Owns ``optimal_allocation`` (a pure function of the model), ``search_optimum`` (
 The problem. Choose integer workers ``w_i`` in ``[wmin_i, wmax_i]`` and buffer MB ``b_i`` in
 ``[bmin_i, bmax_i]`` (stages with a buffer knob) to maximise
 ``T(w, b) = min(min_i r_i(w_i, b_i), B(W), D)`` where ``r_i = cap_i(w_i) * f_i(b_i)`` is stage i's rate,
-``W = sum w_i``, ``B(W) = eta(W) * C / sum c_i`` the CPU bound and ``D`` the consumer's demand, subject to
-``W <= max(C, sum wmin_i)`` (what the runner's clamp grants) and worst-case memory
+``B = eta * C / sum c_i`` the CPU bound and ``D`` the consumer's demand, subject to
+``W = sum w_i <= max(C, sum wmin_i)`` (what the runner's clamp grants) and worst-case memory
 ``M(w, b) = M0 + sum_i m_i(w_i, b_i) <= budget`` (buffers full).
 
 The search. For a target rate ``tau``, call ``tau`` feasible if some allocation in the constraints has
@@ -19,7 +19,9 @@ increasing in ``b``, so the least ``b`` with ``cap_i(w) * f_i(b) >= tau`` (close
 choice for that ``w``: any witness can swap its ``b_i`` for it and stay a witness. That leaves one option
 per ``(stage, w)``, and a dynamic programme over stages computes, for every exact total ``W``, the least
 memory of a choice with every stage rate ``>= tau`` (a min-plus convolution, exhaustive over ``w``).
-``tau`` is feasible iff some ``W <= cap`` has that least memory within the budget and ``B(W) >= tau``
+``B`` is the same for every allocation within the cap (if ``sum wmin <= C`` then ``W <= C``, so the
+compute-wanting workers are at most ``C`` and ``eta = 1``; otherwise the cap forces every ``w_i = wmin_i``).
+``tau`` is feasible iff some ``W <= cap`` has that least memory within the budget and ``B >= tau``
 (and ``tau <= D``). Hence the bisection's lower end always holds a witness with ``T >= lo`` and its upper
 end is infeasible, so the returned allocation is optimal to the bisection's tolerance (relative 1e-12);
 the tests check it against exhaustive search on small cases.
@@ -116,9 +118,11 @@ def optimal_allocation(p: ModelParams, cpus: int, bounds: Bounds, cpu_mult: np.n
           for i in range(n)]
     mult = np.broadcast_to(np.asarray(cpu_mult, dtype=float), (n,))
     caps = [model.stage_capacity(_one(p, i), ws[i], mult[i]) for i in range(n)]
-    per_row = float(np.sum(p.cpu_s_per_row * mult))
-    cpu_bounds = np.array([model.cpu_efficiency(W, cpus, p.oversubscription_cost) * cpus / per_row
-                           for W in range(cpu_cap + 1)])
+    # Every allocation within the cap has the same CPU bound: if sum(wmin) <= C, W <= C so eta = 1; else
+    # the cap is sum(wmin) and the workers are all at their minimum.
+    busy = model.compute_workers(p, bounds.w_min) if bounds.w_min.sum() > cpus else 0.0
+    bound = model.cpu_bound(p, bounds.w_min, cpus, mult) if busy else cpus / float(np.sum(p.cpu_s_per_row * mult))
+    cpu_bounds = np.full(cpu_cap + 1, bound)
     b_best = np.where(p.has_buffer, bounds.b_max, 0)
     hi = min(float(cpu_bounds.max()),
              min(float(caps[i][-1] * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0]) for i in range(n)))

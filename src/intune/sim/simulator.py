@@ -200,7 +200,7 @@ class Simulator:
             self._factor = model.buffer_factor(p, self._buffer_mb)
             self._cap_bytes = model.buffer_capacity_bytes(p, self._buffer_mb)
             self._eff = model.effective_workers(w, p.contention)
-            self._total_w = float(w.sum())
+            self._compute_w = model.compute_workers(p, w)
             self._static_mem = p.base_bytes + float(p.fixed_bytes.sum()) + float(np.dot(w, p.worker_bytes))
             self._w_list = w.astype(int).tolist()
             self._b_list = self._buffer_mb.astype(int).tolist()
@@ -211,7 +211,7 @@ class Simulator:
             caps = self._gil_cap(caps, c, 1.0)
         rates = caps * self._factor
         t_stage = float(rates.min())
-        eta = model.cpu_efficiency(self._total_w, cpus, p.oversubscription_cost)
+        eta = model.cpu_efficiency(self._compute_w, cpus, p.oversubscription_cost)
         cpu_per_row = float(c.sum())
         t_cpu = eta * cpus / cpu_per_row
         T = min(t_stage, t_cpu)
