@@ -183,3 +183,37 @@ def test_shuffle_window_is_neither_tuned_nor_counted():
     assert store["shuffle.buffer_mb"] == 256
     assert set(p.plan.parallelism) == {"read", "udf"}
     assert p.plan.max_buffered_bytes == pytest.approx(110 * MB)  # as without the shuffle: 2560 MB unseen
+
+
+def test_trainer_pauses_in_front_of_a_slower_pipeline_double_the_prefetch_until_the_grant_runs_out():
+    knobs, store = _knobs(PIPE)
+    p = make("autotune")
+    demand = 2e5  # rows/s the trainer would take; the pipeline delivers 1e5: the consumer is starved
+
+    def obs(t, fill, throughput):
+        o = _obs(t, _pipe_stages(fill=fill), throughput=throughput, host_free=64 * MB)  # 32 MB budget
+        return Observation(**{**o.__dict__, "demand": demand})
+
+    ticks = [obs(0, 0.0, 1e5)]
+    for cycle in range(8):  # a 2-tick pause (nothing taken, the buffer fills), then 3 starved ticks
+        t = 1 + 5 * cycle
+        ticks += [obs(t, 0.5, 0.0), obs(t + 1, 1.0, 0.0)]
+        ticks += [obs(t + k, 0.05, 1e5) for k in (2, 3, 4)]
+    sizes = []
+    p.reset(knobs, ticks[0])
+    for o in ticks:
+        store.update(clamp_request(knobs, p.step(o), o.cpus, 1e15).applied)
+        sizes.append(store["prefetch.buffer_mb"])
+    limits = sorted(set(sizes))
+    assert limits[:4] == [1, 2, 4, 8]  # doubled after each pause
+    # the RAM grant (32 MB, less the model's parallel buffers) stops it; it never shrank
+    assert max(sizes) < 32 and sizes == sorted(sizes)
+    assert p.ram.legacy_prefetch + p.ram.model <= p.ram.total + 1
+
+
+def test_no_prefetch_growth_when_the_pipeline_keeps_up():
+    knobs, store = _knobs(PIPE)
+    p = make("autotune")
+    ticks = [Observation(**{**_obs(t, _pipe_stages(fill=0.9)).__dict__, "demand": 1e5}) for t in range(30)]
+    _run(p, knobs, store, ticks)  # throughput 1e5 = demand, the buffer stays nearly full
+    assert store["prefetch.buffer_mb"] == 1

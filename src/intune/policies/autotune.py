@@ -31,7 +31,12 @@ What tf.data does, and how it maps onto a pipeline of stages with ``<stage>.work
   one to one (a stage may then ask for the whole pool).
 - Legacy prefetch autotuner: the buffer limit starts at 1 element; "upswing" until the consumer finds
   the buffer at its limit, then "downswing" until it finds it empty, which doubles the limit (+2048
-  past 2048 elements) if the RAM budget grants the bytes; it never shrinks. One transition per tick.
+  past 2048 elements) if the RAM budget grants the bytes; it never shrinks. Per tick the consumer's
+  view is the prefetch stage's fill (elements = queue_fill x capacity); it found the buffer empty if
+  that is under half an element or if it was starved (throughput under 90% of a known demand, a
+  margin well above measurement noise). A tick without consumption records nothing, and the first
+  take after it sees the buffer as the pause left it: so a trainer that pauses (evaluation,
+  checkpoints) in front of a slower pipeline makes the limit double at every pause.
 - RAM budget: 0.5 x the host's free memory at launch (``obs.host_memory_free_bytes``), blind to the
   cgroup limit, to shuffle buffers and to worker memory; the legacy prefetch grants come out of it and
   the model gets what the grants leave. When the host's free memory is unknown (0), the memory the
@@ -70,6 +75,7 @@ from intune.policies.static import changes, stage_role
 
 RAM_BUDGET_SHARE = 0.5  # kRamBudgetShare
 BUFFER_LIMIT_THRESHOLD = 2048  # prefetch_autotuner.cc: doubling below, +2048 at or above
+STARVED_SHARE = 0.9  # the consumer took less than this share of its known demand: it found the buffer empty
 
 
 class RamBudget:
@@ -227,6 +233,7 @@ class AutotunePolicy:
             for name in self._stages
             if self._is_prefetch(name) and f"{name}.buffer_mb" in self._knobs
         }
+        self._paused_fill: dict[str, float] = {}
         self._parallelism: dict[str, float] = {}
         self._target: dict[str, int] = {}
         self._restart_pending = False
@@ -267,16 +274,27 @@ class AutotunePolicy:
     # -- the legacy prefetch autotuner, every tick ----------------------------------------------------
 
     def _run_prefetch_autotuners(self, obs: Observation) -> None:
+        """What the consumer saw this tick, fed to each prefetch stage's legacy autotuner.
+
+        The consumer finds the buffer empty when it holds no element, or when it was starved (took
+        less than ``STARVED_SHARE`` of a known demand). A tick without consumption (a trainer pause)
+        records nothing; the consumer's first take afterwards sees the buffer as the pause left it.
+        """
+        starved = obs.demand > 0 and obs.throughput < STARVED_SHARE * obs.demand
         for name, tuner in self._prefetch.items():
-            s = obs.stage(name)
             size = self._totals[name].element_bytes
             if size <= 0:
                 continue
             if tuner.element_bytes is None:
                 tuner.set_element_size(size)
             knob = self._knobs[f"{name}.buffer_mb"]
-            capacity = knob.value * MB / size
-            tuner.record_consumption(s.queue_fill * capacity)
+            buffered = obs.stage(name).queue_fill * knob.value * MB / size
+            if obs.throughput <= 0:
+                self._paused_fill[name] = buffered
+            else:
+                if name in self._paused_fill:
+                    tuner.record_consumption(self._paused_fill.pop(name))
+                tuner.record_consumption(0.0 if starved else buffered)
             self._target[knob.name] = knob.clamp(math.ceil(tuner.buffer_limit * size / MB))
 
     # -- the model's optimisation, on the schedule ---------------------------------------------------
