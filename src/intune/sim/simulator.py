@@ -31,7 +31,8 @@ class Simulator:
     - ``memory_limit_gb`` / ``model_latency_s``: override the spec's (None keeps the spec's).
     - ``noise``: relative standard deviation of the measurement noise on observed rates and costs
       (and of the realised throughput around the model's).
-    - ``buffer_fill_rate``: share of the gap to its steady fill that a buffer closes per second.
+    - ``buffer_fill_rate``: share of the gap to its steady fill that a buffer closes per second; a
+      buffer never fills or drains faster than the pipeline's rows/s times its bytes per row.
     """
 
     def __init__(
@@ -227,9 +228,11 @@ class Simulator:
         if stalled:  # the trainer takes nothing: the pipeline fills its buffers at its own rate
             room = self._cap_bytes - self._buffered
             self._buffered += np.minimum(room, T * self.dt_s * self._bytes_per_row)
-        else:
+        else:  # toward the steady fill, but no faster than the pipeline moves bytes
             fill = model.queue_fill_target(rates, self._demand)
-            self._buffered += self._alpha * (fill * self._cap_bytes - self._buffered)
+            step = self._alpha * (fill * self._cap_bytes - self._buffered)
+            limit = T * self.dt_s * self._bytes_per_row
+            self._buffered += np.clip(step, -limit, limit)
         mem = self._static_mem + float(self._buffered.sum())
         if stalled:
             T = 0.0
