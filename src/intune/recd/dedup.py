@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from intune.recd._chunks import ranges
 from intune.recd._hashing import column_bits, mix64
 from intune.recd.ikjt import IKJT, INVERSE, gather_jagged
 
@@ -49,24 +50,32 @@ def _is_jagged(chunk: Mapping[str, np.ndarray], key: str) -> bool:
     return key not in chunk and key + ".values" in chunk
 
 
-def row_keys(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
-    """A uint64 hash per row over the group's columns (equal rows hash equal; collisions are checked)."""
+def row_keys(chunk: Mapping[str, np.ndarray], keys: Sequence[str], lists: bool = True) -> np.ndarray:
+    """A uint64 hash per row over the group's columns (equal rows hash equal; collisions are checked).
+
+    ``lists=False`` hashes only the lengths of jagged columns: a cheap first pass that already tells
+    distinct rows apart in most batches (see ``find_unique_rows``).
+    """
     n = _num_rows(chunk, keys)
     h = np.full(n, 0x243F6A8885A308D3, dtype=np.uint64)
+    prime = np.uint64(0x100000001B3)
     for salt, key in enumerate(keys, start=1):
         if _is_jagged(chunk, key):
             lengths = chunk[key + ".lengths"].astype(np.int64)
-            values = chunk[key + ".values"]
-            ends = np.cumsum(lengths)
-            starts = ends - lengths
-            position = np.arange(values.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
-            elem = mix64(column_bits(values) ^ mix64(position, salt), salt)
-            summed = np.concatenate([[np.uint64(0)], np.cumsum(elem, dtype=np.uint64)])
-            col = (summed[ends] - summed[starts]) ^ mix64(lengths, salt + 1000)
+            col = lengths.view(np.uint64)
+            if lists:
+                values = chunk[key + ".values"]
+                ends = np.cumsum(lengths)
+                starts = ends - lengths
+                position = np.arange(values.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
+                elem = mix64(column_bits(values) ^ mix64(position, salt), salt)
+                summed = np.concatenate([[np.uint64(0)], np.cumsum(elem, dtype=np.uint64)])
+                col = col ^ (summed[ends] - summed[starts])
         else:
-            col = mix64(column_bits(chunk[key]), salt)
-        h = mix64(h ^ col)
-    return h
+            col = column_bits(chunk[key])
+        np.multiply(h, prime, out=h)  # word-wise FNV-style combine; one avalanche at the end
+        np.bitwise_xor(h, col, out=h)
+    return mix64(h)
 
 
 def _num_rows(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> int:
@@ -74,39 +83,59 @@ def _num_rows(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> int:
     return int(chunk[key + ".lengths"].shape[0] if _is_jagged(chunk, key) else chunk[key].shape[0])
 
 
+def _same_values(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Elementwise "the same stored value": integers directly, anything else by its bits."""
+    if x.dtype.kind in "iub":
+        return x == y
+    return column_bits(x) == column_bits(y)
+
+
 def _rows_equal(chunk: Mapping[str, np.ndarray], keys: Sequence[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact per-row equality of rows ``a[i]`` and ``b[i]`` over the group's columns (bitwise)."""
+    """Exact per-row equality of rows ``a[i]`` and ``b[i]`` over the group's columns."""
     same = np.ones(a.size, dtype=bool)
     for key in keys:
         if _is_jagged(chunk, key):
             values, lengths = chunk[key + ".values"], chunk[key + ".lengths"]
             same &= lengths[a] == lengths[b]
-            va, _ = gather_jagged(values, lengths, a[same])
-            vb, _ = gather_jagged(values, lengths, b[same])
-            differ = column_bits(va) != column_bits(vb)
+            offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            rows = np.flatnonzero(same)
+            n = lengths[a[rows]]
+            differ = ~_same_values(values[ranges(offsets[a[rows]], n)], values[ranges(offsets[b[rows]], n)])
             if differ.any():
-                rows = np.repeat(np.flatnonzero(same), lengths[a[same]])
-                same[np.unique(rows[differ])] = False
+                same[np.unique(np.repeat(rows, n)[differ])] = False
         else:
-            bits = column_bits(chunk[key])
-            same &= bits[a] == bits[b]
+            col = chunk[key]
+            same &= _same_values(col[a], col[b])
     return same
 
 
-def find_unique_rows(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(first row of each distinct value, in order of first appearance; inverse index per row)."""
-    n = _num_rows(chunk, keys)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    hashes = row_keys(chunk, keys)
+def _group_by_hash(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct hash in order of first appearance, inverse index per row)."""
     _, first, inv = np.unique(hashes, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    first_rows, inverse = first[order].astype(np.int64), rank[inv.ravel()].astype(np.int64)
-    if not _rows_equal(chunk, keys, np.arange(n), first_rows[inverse]).all():
-        first_rows, inverse = _exact_unique(chunk, keys, n)  # a 64-bit hash collision: be exact
-    return first_rows, inverse
+    return first[order].astype(np.int64), rank[inv.ravel()].astype(np.int64)
+
+
+def find_unique_rows(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct value, in order of first appearance; inverse index per row).
+
+    First rows are grouped by a hash of the scalar columns and list lengths only; every row grouped
+    with an earlier one is then compared exactly, lists included. Only if that finds a difference
+    are the list values hashed too (and after a 64-bit collision, a slow exact pass).
+    """
+    n = _num_rows(chunk, keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    for lists in (False, True):
+        first_rows, inverse = _group_by_hash(row_keys(chunk, keys, lists=lists))
+        representative = first_rows[inverse]
+        repeated = np.flatnonzero(representative != np.arange(n))
+        if not repeated.size or _rows_equal(chunk, keys, repeated, representative[repeated]).all():
+            return first_rows, inverse
+    return _exact_unique(chunk, keys, n)
 
 
 def _exact_unique(chunk: Mapping[str, np.ndarray], keys: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,10 +164,16 @@ def build_ikjt(chunk: Mapping[str, np.ndarray], group: str, columns: Sequence[st
     """The IKJT of one group of a plain batch (a batch without duplication gives unique = all rows)."""
     keys = resolve_columns(chunk, group, columns)
     first_rows, inverse = find_unique_rows(chunk, keys)
+    everyone = first_rows.size == inverse.size  # no row repeats: the unique rows are the columns as they are
     values: dict[str, np.ndarray] = {}
     lengths: dict[str, np.ndarray] = {}
     for key in keys:
-        if _is_jagged(chunk, key):
+        if everyone:
+            if _is_jagged(chunk, key):
+                values[key], lengths[key] = chunk[key + ".values"], chunk[key + ".lengths"]
+            else:
+                values[key] = chunk[key]
+        elif _is_jagged(chunk, key):
             values[key], lengths[key] = gather_jagged(chunk[key + ".values"], chunk[key + ".lengths"], first_rows)
         else:
             values[key] = chunk[key][first_rows]

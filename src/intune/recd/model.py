@@ -151,6 +151,8 @@ class SessionDLRM(nn.Module):
         n_user, n_item = 5, 3
         pairs = (n_user + n_item) * (n_user + n_item - 1) // 2
         self.top = _mlp([c.dim + pairs, *c.top, 1], last_relu=False)
+        for table in (*self.user_tables, self.item_table, self.category_table, self.position_table):
+            nn.init.normal_(table.weight, std=c.dim**-0.5)  # unit-scale vectors: dot products start near 0..1
 
     def user_tower(self, batch: SessionBatch) -> torch.Tensor:
         """[U, 5, D]: dense projection, three id embeddings, pooled history, per unique user row."""

@@ -57,6 +57,7 @@ class SessionSpec:
     concurrency: int = 10_000  # sessions active at once in arrival order
     codec: str = "zstd"
     row_group_rows: int = 65_536
+    dictionary_lists: bool = False  # dictionary-encode list columns (off: zstd sees repeated lists as bytes)
 
 
 def session_lengths(rows: int, spec: SessionSpec, rng: np.random.Generator) -> np.ndarray:
@@ -235,9 +236,11 @@ def write_session_dataset(
     for part, lo in enumerate(range(0, rows, rows_per_file)):
         sel = np.arange(lo, min(rows, lo + rows_per_file))
         path = out / f"part-{part:05d}.parquet"
-        pq.write_table(
-            chunk_to_table(take_rows(data, sel)), path, compression=spec.codec, row_group_size=spec.row_group_rows
-        )
+        table = chunk_to_table(take_rows(data, sel))
+        dictionary = [name for name, kind in zip(table.column_names, table.schema.types, strict=True)
+                      if spec.dictionary_lists or not pa.types.is_list(kind)]
+        pq.write_table(table, path, compression=spec.codec, row_group_size=spec.row_group_rows,
+                       use_dictionary=dictionary)
         files.append(str(path))
     n_sessions = int(np.unique(data["session_id"]).size)
     return {

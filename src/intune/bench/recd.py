@@ -1,0 +1,331 @@
+"""``intune bench recd``: RecD deduplication end to end, side by side, for session lengths 1..16.
+
+For each mean session length, in one run: storage bytes of the same samples clustered by session vs in
+arrival order (Parquet, same codec); preprocessing rows/s of the same UDFs without and with in-batch
+deduplication (read -> shuffle -> batch -> [dedup] -> user UDF -> item UDF -> model tensors); training
+samples/s of the DLRM on those batches (plain vs dedup-aware, same batch size, same initial weights);
+and the held-out AUC of both after the same samples. The plain side shuffles rows; the dedup side
+shuffles sessions (RecD's data-loading change). Length 1 is the control (nothing to deduplicate).
+
+The stages run in-process one after another (a sequential loop over the same functions the engine
+would map), so the ratios measure the work saved, not parallelism. This module owns the benchmark and
+its plot; it must not define the transforms or the model it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from intune.bench.results import format_table, write_json
+
+TARGETS = {"storage_ratio": 2.0, "preprocess_ratio": 1.5, "train_ratio": 1.5}  # at mean session length 8
+CONTROL_FLOOR = 0.95  # at length 1, dedup may be at most 5% slower
+LEARNING_RATE = 0.01
+# wall: elapsed time; cpu: CPU seconds of this process, which other processes' load does not inflate
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", help="write results to this JSON file")
+    parser.add_argument("--plot", help="write a PNG of the ratios against session length")
+    parser.add_argument("--quick", action="store_true", help="fewer rows (a smoke run, noisier)")
+    parser.add_argument("--rows", type=int, help="training rows per session length (default 200k, quick 30k)")
+    parser.add_argument("--test-rows", type=int, help="held-out rows (default 50k, quick 10k)")
+    parser.add_argument("--session-lens", default="1,2,4,8,16", help="comma-separated mean session lengths")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--window-rows", type=int, default=65_536, help="shuffle window (rows)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for training")
+    parser.add_argument("--device", default="cpu", help="training device: cpu or cuda")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                        help="time for the ratios: CPU seconds of this process (robust on a shared machine) "
+                             "or wall-clock; both are recorded (cuda always uses wall)")
+    parser.add_argument("--repeats", type=int, help="timed repeats, best kept (default 2, quick 1)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _row_shuffle(chunks: Iterator[dict], window_rows: int, seed: int) -> Iterator[dict]:
+    """The plain pipeline's shuffle: rows permuted within the same windows as the session shuffle."""
+    from intune.recd._chunks import concat_chunks, num_rows, take_rows
+
+    rng = np.random.default_rng([seed, 0])
+    pending, held = [], 0
+    for chunk in chunks:
+        pending.append(chunk)
+        held += num_rows(chunk)
+        if held >= window_rows:
+            window = concat_chunks(pending)
+            yield take_rows(window, rng.permutation(held))
+            pending, held = [], 0
+    if held:
+        window = concat_chunks(pending)
+        yield take_rows(window, rng.permutation(held))
+
+
+def preprocess_stream(files: list[str], dedup: bool, batch_size: int, window_rows: int, seed: int) -> Iterator:
+    """Read -> shuffle -> batch -> [dedup] -> UDFs -> model batches, lazily (one model batch per next)."""
+    from intune.recd import dedup_transform, read_session_chunks, shuffle_sessions
+    from intune.recd._chunks import rebatch
+    from intune.recd.model import batch_from_chunk
+    from intune.recd.preprocess import preprocess_udfs
+    from intune.recd.sessions import USER_COLUMNS
+
+    chunks = read_session_chunks(files, chunk_rows=8192)
+    if dedup:
+        stream = shuffle_sessions(chunks, window_rows, seed=seed)
+        maps = [dedup_transform({"user": list(USER_COLUMNS)}), *preprocess_udfs()]
+    else:
+        stream = _row_shuffle(chunks, window_rows, seed)
+        maps = preprocess_udfs()
+    for batch in rebatch(stream, batch_size):
+        for fn in maps:
+            batch = fn(batch)
+        yield batch_from_chunk(batch)
+
+
+def preprocess_side_by_side(files: list[str], args: argparse.Namespace, seed: int) -> tuple[dict, dict]:
+    """Both pipelines advanced in turn, one batch each, each pull timed on its own: machine noise hits
+    both alike. Returns ({(side, clock): best seconds over repeats}, {side: batches of the last repeat}).
+    """
+    sides = [(side, clock) for side in ("plain", "dedup") for clock in CLOCKS]
+    best = dict.fromkeys(sides, float("inf"))
+    batches: dict[str, list] = {}
+    for _ in range(args.repeats):
+        streams = {side: preprocess_stream(files, side == "dedup", args.batch_size, args.window_rows, seed)
+                   for side in ("plain", "dedup")}
+        spent = dict.fromkeys(sides, 0.0)
+        batches = {side: [] for side in streams}
+        live = set(streams)
+        while live:
+            for side in sorted(live):
+                start = {clock: CLOCKS[clock]() for clock in CLOCKS}
+                batch = next(streams[side], None)
+                for clock, now in CLOCKS.items():
+                    spent[side, clock] += now() - start[clock]
+                if batch is None:
+                    live.discard(side)
+                else:
+                    batches[side].append(batch)
+        best = {key: min(best[key], spent[key]) for key in sides}
+    return best, batches
+
+
+def preprocess(files: list[str], dedup: bool, batch_size: int, window_rows: int, seed: int) -> list:
+    """All model batches of one pipeline (used for the held-out set)."""
+    return list(preprocess_stream(files, dedup, batch_size, window_rows, seed))
+
+
+def _to_device(batch: Any, device: str) -> Any:
+    if device == "cpu":
+        return batch
+    for name in ("user_dense", "user_ids", "history", "history_mask", "items", "label", "inverse"):
+        value = getattr(batch, name)
+        if value is not None:
+            setattr(batch, name, value.to(device, non_blocking=True))
+    return batch
+
+
+def make_model(seed: int, device: str) -> tuple[Any, list]:
+    """The DLRM and its optimizers: SparseAdam for the embedding tables, Adam for the rest."""
+    import torch
+
+    from intune.recd.model import SessionDLRM
+
+    torch.manual_seed(seed)
+    model = SessionDLRM().to(device)
+    sparse = [p for n, p in model.named_parameters() if "table" in n]
+    dense = [p for n, p in model.named_parameters() if "table" not in n]
+    return model, [torch.optim.SparseAdam(sparse, lr=LEARNING_RATE), torch.optim.Adam(dense, lr=LEARNING_RATE)]
+
+
+def train_side_by_side(batches: dict[str, list], seed: int, device: str) -> tuple[dict, dict, dict]:
+    """One pass for each side from the same initial weights, steps interleaved (plain, dedup, plain,
+    ...) and timed one by one. The first two steps of each side warm up and are not timed.
+
+    Returns ({side: model}, {(side, clock): timed seconds}, {side: timed samples}).
+    """
+    import torch
+
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    models, opts, spent, samples = {}, {}, {}, {}
+    for side in batches:
+        models[side], opts[side] = make_model(seed, device)
+        batches[side] = [_to_device(b, device) for b in batches[side]]
+        samples[side] = 0
+        for clock in CLOCKS:
+            spent[side, clock] = 0.0
+    for i in range(max(len(b) for b in batches.values())):
+        for side in batches:
+            if i >= len(batches[side]):
+                continue
+            batch = batches[side][i]
+            sync()
+            start = {clock: CLOCKS[clock]() for clock in CLOCKS}
+            for opt in opts[side]:
+                opt.zero_grad(set_to_none=True)
+            models[side].loss(batch).backward()
+            for opt in opts[side]:
+                opt.step()
+            sync()
+            if i >= 2:
+                for clock, now in CLOCKS.items():
+                    spent[side, clock] += now() - start[clock]
+                samples[side] += batch.batch_size
+    return models, spent, samples
+
+
+def auc(labels: Any, scores: Any) -> float:
+    """Area under the ROC curve by the rank-sum formula (ties get average ranks)."""
+    from scipy.stats import rankdata
+
+    labels, scores = np.asarray(labels).astype(bool), np.asarray(scores)
+    pos, neg = int(labels.sum()), int((~labels).sum())
+    if pos == 0 or neg == 0:
+        return float("nan")
+    ranks = rankdata(scores)
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def evaluate(model: Any, batches: list, device: str) -> float:
+    import torch
+
+    model.eval()
+    scores, labels = [], []
+    with torch.no_grad():
+        for batch in batches:
+            scores.append(model(_to_device(batch, device)).float().cpu().numpy())
+            labels.append(batch.label.cpu().numpy())
+    model.train()
+    return auc(np.concatenate(labels), np.concatenate(scores))
+
+
+def run_one(session_len: float, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """All four measurements for one mean session length."""
+    from intune.recd.sessions import write_session_dataset
+
+    rows, test_rows = args.rows, args.test_rows
+    seed = args.seed + int(session_len * 1000)
+    base = workdir / f"len{session_len:g}"
+    clustered = write_session_dataset(base / "clustered", rows, seed, session_len, clustered=True)
+    # arrival order is written with and without dictionary-encoded lists; the smaller one counts
+    arrival = min((write_session_dataset(base / f"arrival{d}", rows, seed, session_len, clustered=False,
+                                         dictionary_lists=d) for d in (False, True)), key=lambda s: s["bytes"])
+    test = write_session_dataset(base / "test", test_rows, seed + 1, session_len, clustered=True)
+
+    seconds, batches = preprocess_side_by_side(clustered["files"], args, seed)
+    test_batches = preprocess(test["files"], False, 8192, args.window_rows, seed)
+    unique_rows = sum(b.num_user_rows for b in batches["dedup"])
+    models, spent, samples = train_side_by_side(batches, args.seed, args.device)
+    clock = "wall" if args.device != "cpu" or args.clock == "wall" else "cpu"
+    speed = {key: samples[key[0]] / spent[key] for key in spent}
+    rate = {key: rows / seconds[key] for key in seconds}
+    result = {
+        "session_len": session_len,
+        "storage_ratio": arrival["bytes"] / clustered["bytes"],
+        "preprocess_ratio": rate["dedup", clock] / rate["plain", clock],
+        "train_ratio": speed["dedup", clock] / speed["plain", clock],
+        "auc_dedup": evaluate(models["dedup"], test_batches, args.device),
+        "auc_plain": evaluate(models["plain"], test_batches, args.device),
+        "bytes_clustered": clustered["bytes"],
+        "bytes_arrival": arrival["bytes"],
+        "clock": clock,
+        "preprocess_rows_per_s_plain": rate["plain", clock],
+        "preprocess_rows_per_s_dedup": rate["dedup", clock],
+        "train_samples_per_s_plain": speed["plain", clock],
+        "train_samples_per_s_dedup": speed["dedup", clock],
+        "preprocess_ratio_wall": rate["dedup", "wall"] / rate["plain", "wall"],
+        "train_ratio_wall": speed["dedup", "wall"] / speed["plain", "wall"],
+        "preprocess_rows_per_s_plain_wall": rate["plain", "wall"],
+        "train_samples_per_s_plain_wall": speed["plain", "wall"],
+        "unique_user_fraction": unique_rows / rows,
+        "actual_mean_session_len": clustered["mean_session_len"],
+        "rows": rows,
+    }
+    shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def check_targets(results: list[dict[str, Any]]) -> list[str]:
+    """Which targets a run misses (empty when all are met); lengths not measured are not judged."""
+    misses = []
+    for r in results:
+        if r["session_len"] == 8:
+            misses += [f"{k} at length 8 is {r[k]:.2f}, target >= {t}" for k, t in TARGETS.items() if r[k] < t]
+        if r["session_len"] == 1:
+            misses += [f"{k} at length 1 is {r[k]:.2f}, floor {CONTROL_FLOOR}"
+                       for k in ("preprocess_ratio", "train_ratio") if r[k] < CONTROL_FLOOR]
+        if r["auc_dedup"] < r["auc_plain"] - 0.005:
+            misses.append(f"AUC with dedup {r['auc_dedup']:.4f} < plain {r['auc_plain']:.4f} at length "
+                          f"{r['session_len']:g}")
+    return misses
+
+
+def plot(results: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lens = [r["session_len"] for r in results]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for key, label, marker in (("storage_ratio", "storage (arrival / clustered bytes)", "o"),
+                               ("preprocess_ratio", "preprocessing rows/s (dedup / plain)", "s"),
+                               ("train_ratio", "training samples/s (dedup / plain)", "^")):
+        ax.plot(lens, [r[key] for r in results], marker=marker, label=label)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.axhline(1.5, color="grey", lw=0.8, ls="--")
+    ax.axvline(8, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lens, [f"{x:g}" for x in lens])
+    ax.set_xlabel("mean session length (samples per session)")
+    ax.set_ylabel("ratio (higher is better)")
+    ax.set_title("RecD in-batch deduplication")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    args.rows = args.rows or (30_000 if args.quick else 200_000)
+    args.test_rows = args.test_rows or (10_000 if args.quick else 50_000)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    torch.set_num_threads(max(1, args.threads))
+    lens = [float(x) for x in args.session_lens.split(",") if x.strip()]
+    if not lens or min(lens) < 1:
+        raise ValueError(f"--session-lens must be numbers >= 1, got {args.session_lens!r}")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="intune-recd-") as tmp:
+        for session_len in lens:
+            r = run_one(session_len, args, Path(tmp))
+            results.append({k: (int(v) if k == "session_len" and float(v).is_integer() else v) for k, v in r.items()})
+            print(f"session length {session_len:g}: storage {r['storage_ratio']:.2f}x, preprocessing "
+                  f"{r['preprocess_ratio']:.2f}x, training {r['train_ratio']:.2f}x, AUC {r['auc_dedup']:.4f} "
+                  f"vs {r['auc_plain']:.4f}", flush=True)
+    print(format_table(results, ["session_len", "storage_ratio", "preprocess_ratio", "train_ratio", "auc_dedup",
+                                 "auc_plain", "unique_user_fraction", "preprocess_rows_per_s_plain",
+                                 "train_samples_per_s_plain"]))
+    misses = check_targets(results)
+    print("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
+    settings = {k: getattr(args, k) for k in ("rows", "test_rows", "batch_size", "window_rows", "threads", "device", "clock",
+                                              "repeats", "seed", "quick")}
+    if args.json:
+        write_json(args.json, results, settings=settings, targets={**TARGETS, "control_floor": CONTROL_FLOOR},
+                   targets_missed=misses)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
