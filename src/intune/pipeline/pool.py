@@ -5,13 +5,15 @@ it under its sequence number. Exactly-once follows from that loop: a chunk taken
 channel is held by one worker until it is delivered, and a worker only retires between chunks, so a
 resize (from any thread, at any moment) can neither lose nor repeat a row. Raising the target wakes
 parked workers (or starts threads); lowering it lets surplus workers park after the chunk in hand.
-This module must not know what ``process`` does (read a unit, apply a function in a thread or a child).
+``ProcessPoolRun`` is the same loop for process workers, keeping two chunks in flight per child.
+This module must not know what ``process`` does (read a unit, apply a function in a thread).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -133,3 +135,110 @@ class PoolRun:
 
 def any_alive(threads: list[Any]) -> bool:
     return any(t.is_alive() for t in threads)
+
+
+class ProcessPoolRun(PoolRun):
+    """A pool whose workers each drive one child process with up to ``SLOTS`` chunks in flight.
+
+    The same exactly-once argument holds: a chunk taken from the input stays in the worker's
+    ``pending`` list until its result (or its failure) is delivered; a dead child is replaced and the
+    chunks in flight are re-sent in order. A retiring worker takes no new chunk, delivers the ones in
+    flight, then parks (its child idles in ``recv``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        target: Callable[[], int],
+        worker_for: Callable[[int], Any],
+        failed: Callable[[Item, WorkerStats, BaseException], list[Item]],
+        lost: Callable[[Item, BaseException], BaseException],
+        max_attempts: int,
+        inp: Channel,
+        out: Channel,
+        stats: StageStats,
+        fail: Callable[[BaseException], None],
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name, target, _unused, inp, out, stats, fail, stop)
+        self._worker_for = worker_for
+        self._failed = failed
+        self._lost = lost
+        self._max_attempts = max_attempts
+
+    def _run(self, index: int) -> None:
+        from intune.pipeline.chunks import nbytes
+        from intune.pipeline.procworker import SLOTS, RemoteError, WorkerDied
+
+        stats = self._stats.worker(index)
+        pending: deque[tuple[int, Item]] = deque()
+        worker: Any = None
+        reserved = ended = False
+        clock = time.perf_counter
+        try:
+            while not self._stop.is_set():
+                retired = index >= self._target()
+                if not pending and (retired or ended):
+                    if reserved:
+                        self._out.unreserve()
+                        reserved = False
+                    if ended:
+                        return
+                    self._park(index)
+                    continue
+                t0 = clock()
+                while not retired and not ended and len(pending) < SLOTS:
+                    wait = 0.0 if pending else 0.2
+                    if not reserved:
+                        reserved = self._out.reserve(timeout=wait)
+                        if not reserved:
+                            break
+                    got = self._inp.get(timeout=wait)
+                    if got is TIMEOUT:
+                        break
+                    if got is END:
+                        self._out.finish(self._inp.handed_out)
+                        self._out.unreserve()
+                        reserved, ended = False, True
+                        break
+                    reserved = False
+                    if worker is None:
+                        worker = self._worker_for(index)
+                    worker.submit(got[1].chunk)
+                    pending.append(got)
+                t1 = clock()
+                if not pending:
+                    stats.starved_s += t1 - t0
+                    continue
+                seq, item = pending[0]
+                try:
+                    result, cpu = worker.collect(self._stop)
+                    results = [Item(result, item.origin, item.rows, nbytes(result))]
+                    stats.cpu_s += cpu
+                except RemoteError as exc:
+                    results = self._failed(item, stats, exc)
+                except WorkerDied as exc:
+                    stats.restarts += 1
+                    if self._stop.is_set():
+                        raise Stopped from None
+                    if worker.oldest_deaths() >= self._max_attempts:
+                        raise self._lost(item, exc) from None
+                    worker.restart()
+                    continue
+                pending.popleft()
+                stats.busy_s += clock() - t1
+                stats.items += len(results)
+                for r in results:
+                    stats.rows += r.rows
+                self._out.put_at(seq, results)
+        except Stopped:
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported to the consumer
+            self._fail(exc)
+        finally:
+            if worker is not None and worker.in_flight:
+                worker.kill()  # chunks abandoned by a stopped epoch must not reach the next one
+
+
+def _unused(index: int, item: Item, stats: WorkerStats) -> list[Item]:
+    raise AssertionError("a process pool delivers through collect()")

@@ -2,10 +2,11 @@
 
 Owns a child's life: start (a fresh interpreter over a socket pair, so neither the parent's threads
 nor its ``__main__`` are involved; the function is sent once with cloudpickle so closures work),
-run one chunk (input and result through two reused shared-memory segments), detect a
-death at once (end-of-file on its socket), restart, stop. A parked worker is a child blocked in
-``recv`` on its pipe: it uses no CPU. This module must not know about channels, ordering or retries
-(the pool decides what to re-run).
+``submit`` chunks and ``collect`` results in order with up to ``SLOTS`` chunks in flight (so the child
+never waits for the parent between chunks; each slot has its own reused input and output
+shared-memory segments), detect a death at once (end-of-file on its socket), ``restart`` and re-send
+the chunks in flight, stop. A parked worker is a child blocked in ``recv`` on its socket: it uses no
+CPU. This module must not know about channels, ordering or how many deaths are too many (the pool).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_ready
 from typing import Any
@@ -43,6 +45,9 @@ class RemoteError(Exception):
         super().__init__(message)
 
 
+SLOTS = 2  # chunks in flight per child
+
+
 def child_main(fd: int) -> None:
     """The child's loop: receive a task, apply the function, reply with the result's layout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -52,19 +57,20 @@ def child_main(fd: int) -> None:
     import cloudpickle
 
     fn = cloudpickle.loads(fn_blob)
-    inputs = shm.Mapping_()
-    output = shm.Segment(prefix + "-out")
+    inputs = [shm.Mapping_() for _ in range(SLOTS)]
+    outputs = [shm.Segment(f"{prefix}-out{slot}-") for slot in range(SLOTS)]
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            output.close()
-            return
+            message = None
         if message is None:
-            output.close()
+            for segment in outputs:
+                segment.close()
             return
-        task_id, name, size, layout = message
-        in_buffer = inputs.follow(name, size)
+        task_id, slot, name, size, layout = message
+        in_buffer = inputs[slot].follow(name, size)
+        output = outputs[slot]
         cpu0 = time.process_time()
         try:
             views = shm.read((in_buffer, None), layout, copy=False)
@@ -84,31 +90,46 @@ def child_main(fd: int) -> None:
         conn.send(reply)
 
 
+class _Task:
+    """A chunk sent to the child and not yet collected (kept to re-send it after a death)."""
+
+    __slots__ = ("task_id", "chunk", "deaths")
+
+    def __init__(self, task_id: int, chunk: dict) -> None:
+        self.task_id = task_id
+        self.chunk = chunk
+        self.deaths = 0
+
+
 class ProcessWorker:
-    """The parent's handle on one child: start lazily, run chunks, notice death, stop."""
+    """The parent's handle on one child: start lazily, submit and collect chunks, notice death, stop."""
 
     def __init__(self, fn_blob: bytes, label: str) -> None:
         self._fn_blob = fn_blob
         self._label = label
         self._proc: Any = None
         self._conn: Any = None
-        self._input: shm.Segment | None = None
-        self._output = shm.Mapping_()
+        base = f"intune-{os.getpid()}-{label}"
+        self._inputs = [shm.Segment(f"{base}-in{slot}-") for slot in range(SLOTS)]
+        self._outputs = [shm.Mapping_() for _ in range(SLOTS)]
+        self._pending: deque[_Task] = deque()
         self._life = threading.Lock()  # kill() may come from the pool thread and from close() at once
         self._task = 0
         self._generation = 0
-        self.busy = False
 
     @property
     def shm_bytes(self) -> int:
-        """Bytes of shared memory this worker's segments hold (input and mapped output)."""
-        held = self._input.size if self._input is not None and self._input.buffer is not None else 0
-        out = self._output.buffer
-        return held + (len(out) if out is not None else 0)
+        """Bytes of shared memory this worker's segments hold (inputs and mapped outputs)."""
+        held = sum(seg.size for seg in self._inputs if seg.buffer is not None)
+        return held + sum(len(m.buffer) for m in self._outputs if m.buffer is not None)
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
 
     def _prefix(self) -> str:
         return f"intune-{os.getpid()}-{self._label}-g{self._generation}"
@@ -132,27 +153,36 @@ class ProcessWorker:
         self._conn = Connection(parent.detach())
         self._conn.send((self._fn_blob, self._prefix(), list(sys.path)))
 
-    def run(self, chunk: dict, stop: threading.Event) -> tuple[dict, float]:
-        """Apply the function to ``chunk`` in the child; returns (result, child CPU seconds).
-
-        Raises ``WorkerDied`` (the child is gone; call ``restart``), ``RemoteError`` (the function
-        raised) or ``Stopped`` when ``stop`` is set while waiting (the child is killed).
-        """
-        if stop.is_set():
-            raise Stopped
+    def submit(self, chunk: dict) -> None:
+        """Send ``chunk`` to the child (at most ``SLOTS`` uncollected). A dead child shows in ``collect``."""
+        if len(self._pending) >= SLOTS:
+            raise RuntimeError("collect() a result before submitting more chunks")
+        self._task += 1
+        task = _Task(self._task, chunk)
+        self._pending.append(task)
         if self._proc is None:
             self.start()
-        layout, size = shm.plan(chunk)
-        if self._input is None:
-            self._input = shm.Segment(f"intune-{os.getpid()}-{self._label}-in")
-        self._input.ensure(size)
-        shm.write(self._input.buffer, chunk, layout, shm.IN)
-        self._task += 1
-        self.busy = True
+        self._send(task)
+
+    def _send(self, task: _Task) -> None:
+        slot = task.task_id % SLOTS
+        layout, size = shm.plan(task.chunk)
+        segment = self._inputs[slot]
+        segment.ensure(size)
+        shm.write(segment.buffer, task.chunk, layout, shm.IN)
         try:
-            self._conn.send((self._task, self._input.name, self._input.size, layout))
+            self._conn.send((task.task_id, slot, segment.name, segment.size, layout))
         except (BrokenPipeError, OSError):
-            raise WorkerDied(self._exitcode()) from None
+            pass  # the child is gone: collect() sees end-of-file and reports it
+
+    def collect(self, stop: threading.Event) -> tuple[dict, float]:
+        """The result of the oldest chunk in flight: (result, child CPU seconds).
+
+        Raises ``WorkerDied`` (the child is gone; ``restart`` re-sends the chunks in flight),
+        ``RemoteError`` (the function raised on the oldest chunk, which is then dropped) or
+        ``Stopped`` when ``stop`` is set while waiting (the child is killed, the chunks dropped).
+        """
+        task = self._pending[0]
         while True:
             ready = wait_ready([self._conn], timeout=0.1)
             if stop.is_set():
@@ -162,16 +192,31 @@ class ProcessWorker:
                 try:
                     reply = self._conn.recv()
                 except (EOFError, OSError):
+                    task.deaths += 1
                     raise WorkerDied(self._exitcode()) from None
                 break
-        self.busy = False
+        if reply[0] != task.task_id:
+            raise RuntimeError(f"process worker replied to task {reply[0]}, expected {task.task_id}")
+        self._pending.popleft()
         if reply[1] == "error":
             _, _, message, text, _cpu = reply
             raise RemoteError(message, text)
         _, _, out_name, out_size, out_layout, cpu = reply
-        out_buffer = self._output.follow(out_name, out_size) if out_name else None
-        # copy out: the segments are reused by the next task
-        return shm.read((self._input.buffer, out_buffer), out_layout, copy=True), cpu
+        slot = task.task_id % SLOTS
+        out_buffer = self._outputs[slot].follow(out_name, out_size) if out_name else None
+        # copy out: both segments of this slot are reused by a later chunk
+        return shm.read((self._inputs[slot].buffer, out_buffer), out_layout, copy=True), cpu
+
+    def oldest_deaths(self) -> int:
+        """How many children died while the oldest chunk in flight was in their hands."""
+        return self._pending[0].deaths if self._pending else 0
+
+    def run(self, chunk: dict, stop: threading.Event) -> tuple[dict, float]:
+        """``submit`` then ``collect``: one chunk, synchronously."""
+        if stop.is_set():
+            raise Stopped
+        self.submit(chunk)
+        return self.collect(stop)
 
     def _exitcode(self) -> int | None:
         try:
@@ -180,13 +225,16 @@ class ProcessWorker:
             return None
 
     def restart(self) -> None:
-        """Replace a dead child (its leftover result segments are unlinked)."""
-        self.kill()
+        """Replace a dead child and re-send the chunks that were in flight, in order."""
+        self.kill(drop_pending=False)
         self.start()
+        for task in self._pending:
+            self._send(task)
 
-    def kill(self) -> None:
+    def kill(self, drop_pending: bool = True) -> None:
         """End the child now (SIGKILL if it does not leave at once) and clean its segments."""
-        self.busy = False
+        if drop_pending:
+            self._pending.clear()
         with self._life:
             proc, conn = self._proc, self._conn
             self._proc = self._conn = None
@@ -206,11 +254,11 @@ class ProcessWorker:
                 except subprocess.TimeoutExpired:
                     pass
         conn.close()
-        self._output.close()
+        for mapping in self._outputs:
+            mapping.close()
         shm.remove_prefix(f"intune-{os.getpid()}-{self._label}-g{self._generation}-")
 
     def close(self) -> None:
         self.kill()
-        if self._input is not None:
-            self._input.close()
-            self._input = None
+        for segment in self._inputs:
+            segment.close()

@@ -25,8 +25,8 @@ from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.chunks import RowTable, nbytes
 from intune.pipeline.errors import StageError, WorkerLostError
 from intune.pipeline.metrics import StageMetrics
-from intune.pipeline.pool import PoolRun
-from intune.pipeline.procworker import ProcessWorker, RemoteError, WorkerDied
+from intune.pipeline.pool import PoolRun, ProcessPoolRun
+from intune.pipeline.procworker import SLOTS, ProcessWorker, RemoteError
 from intune.pipeline.sources import Source
 from intune.pipeline.stats import StageStats, WorkerStats
 
@@ -315,27 +315,39 @@ class MapStage(PooledStage):
             except Exception as exc:
                 return self._failed(item, stats, exc, traceback.format_exc())
 
-        def in_process(index: int, item: Item, stats: WorkerStats) -> list[Item]:
-            worker = self.process_worker(index, f"{epoch.label}-{self.name}")
-            for _attempt in range(self.max_attempts):
-                try:
-                    out, cpu = worker.run(item.chunk, epoch.stop)
-                    stats.cpu_s += cpu
-                    return [Item(out, item.origin, item.rows, nbytes(out))]
-                except RemoteError as exc:
-                    return self._failed(item, stats, exc, exc.remote_traceback)
-                except WorkerDied as exc:
-                    stats.restarts += 1
-                    if epoch.stop.is_set():
-                        raise Stopped from None
-                    worker.restart()
-                    last = exc
+        if self.mode != "process":
+            return self._start_pool(epoch, inp, in_thread)
+        out = epoch.channel(f"{self.name}.out", ordered=epoch.deterministic, window=self.window)
+        self._out = out
+        label = f"{epoch.label}-{self.name}"
+
+        def lost(item: Item, exc: BaseException) -> BaseException:
             where = item.origin.describe() if item.origin else "a chunk"
-            raise WorkerLostError(
-                f"stage {self.name!r}: a process worker died {self.max_attempts} times on {where} ({last})"
+            return WorkerLostError(
+                f"stage {self.name!r}: a process worker died {self.max_attempts} times on {where} ({exc})"
             )
 
-        return self._start_pool(epoch, inp, in_process if self.mode == "process" else in_thread)
+        run = ProcessPoolRun(
+            self.name,
+            self._get_workers,
+            lambda index: self.process_worker(index, label),
+            lambda item, stats, exc: self._failed(item, stats, exc, getattr(exc, "remote_traceback", "")),
+            lost,
+            self.max_attempts,
+            inp,
+            out,
+            self.stats,
+            epoch.fail,
+            epoch.stop,
+        )
+        self._run = run
+        epoch.pools.append(run)
+        run.start()
+        return out
+
+    def window(self) -> int:
+        """Chunks taken but not yet delivered: room for every worker's chunks in flight, plus slack."""
+        return (SLOTS + 1) * self._target + 2 if self.mode == "process" else 2 * self._target + 2
 
     def close(self) -> None:
         with self._procs_lock:
