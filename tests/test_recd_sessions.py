@@ -78,3 +78,17 @@ def test_writer_errors_and_cli_options(tmp_path):
     add_cli_arguments(parser)
     args = parser.parse_args(["--mean-session-len", "4", "--arrival-order"])
     assert args.mean_session_len == 4.0 and args.arrival_order and args.codec == "zstd"
+
+
+def test_intune_data_generate_sessions_delegates_here(tmp_path, capsys):
+    from intune.cli import main
+
+    out = tmp_path / "sessions"
+    rc = main(["data", "generate", "--sessions", "--rows", "3000", "--out", str(out), "--mean-session-len", "4",
+               "--rows-per-file", "1000", "--seed", "7"])
+    assert rc == 0
+    files = sorted(out.glob("*.parquet"))
+    assert len(files) == 3
+    chunks = list(read_session_chunks([str(f) for f in files], chunk_rows=5000))
+    assert sum(len(c["session_id"]) for c in chunks) == 3000
+    assert "session rows" in capsys.readouterr().out

@@ -56,3 +56,23 @@ def test_errors():
         list(shuffle_sessions(_chunks([1], 1), 0))
     with pytest.raises(ValueError, match="needs column 'session_id'"):
         list(shuffle_sessions([{"x": np.arange(3)}], 2))
+
+
+def test_buffer_interface_resize_and_drain_keep_rows_exactly_once():
+    from intune.recd.session_shuffle import SessionShuffleBuffer
+
+    lengths = np.random.default_rng(4).integers(1, 6, 120)
+    buf = SessionShuffleBuffer(np.random.default_rng(0), capacity=64)
+    out = []
+    for i, chunk in enumerate(_chunks(lengths, 25)):
+        out += buf.add(chunk)
+        if i == 3:
+            out += buf.resize(16)  # shrinking below what is held lets a window out at once
+            assert buf.size <= 16 + 5
+    assert buf.nbytes > 0 or buf.size == 0
+    out += buf.drain(chunk_rows=10)
+    assert buf.size == 0 and buf.drain(10) == []
+    rows = np.concatenate([c["row"] for c in out])
+    assert sorted(rows.tolist()) == list(range(int(lengths.sum())))
+    sid = np.concatenate([c["session_id"] for c in out])
+    assert len(np.flatnonzero(np.diff(sid))) + 1 == len(lengths)  # no session was split

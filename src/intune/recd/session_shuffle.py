@@ -37,6 +37,64 @@ def session_permutation(session_ids: np.ndarray, rng: np.random.Generator) -> np
     return ranges(starts[order], lengths[order])
 
 
+class SessionShuffleBuffer:
+    """A window of rows released as whole sessions in random order.
+
+    It has the interface of the engine's tf.data-style ``ShuffleBuffer`` (``add``, ``resize``,
+    ``drain``, ``size``, ``capacity``, ``nbytes``), so a shuffle stage can swap it in when asked to
+    keep sessions together. A window is cut at its last session boundary: the last (maybe still open)
+    session waits for the next window, unless it alone fills the buffer. Jagged ``.values`` columns
+    follow their rows.
+    """
+
+    def __init__(self, rng: np.random.Generator, capacity: int, key: str = "session_id") -> None:
+        if capacity < 1:
+            raise ValueError(f"session shuffle capacity must be >= 1 row, got {capacity}")
+        self._rng, self.capacity, self.key = rng, capacity, key
+        self._pending: list[Mapping[str, np.ndarray]] = []
+        self.size = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(c.nbytes) for chunk in self._pending for c in chunk.values())
+
+    def add(self, chunk: Mapping[str, np.ndarray]) -> list[Chunk]:
+        """Take a chunk in; return the window it completes, if any."""
+        if self.key not in chunk:
+            raise ValueError(f"session shuffle needs column {self.key!r}; the chunk has {sorted(chunk)}")
+        rows = num_rows(chunk)
+        if rows:
+            self._pending.append(chunk)
+            self.size += rows
+        return self._release(keep_last=True) if self.size >= self.capacity else []
+
+    def resize(self, capacity: int) -> list[Chunk]:
+        """Change the capacity; a buffer now over it releases a window."""
+        self.capacity = max(1, capacity)
+        return self._release(keep_last=True) if self.size > self.capacity else []
+
+    def drain(self, chunk_rows: int) -> list[Chunk]:
+        """The end of input: everything held, sessions shuffled, ``chunk_rows`` rows at a time."""
+        out = self._release(keep_last=False)
+        if not out:
+            return []
+        window, step = out[0], max(1, chunk_rows)
+        n = num_rows(window)
+        return [take_rows(window, np.arange(lo, min(n, lo + step))) for lo in range(0, n, step)]
+
+    def _release(self, keep_last: bool) -> list[Chunk]:
+        if not self.size:
+            return []
+        window = concat_chunks(self._pending) if len(self._pending) > 1 else dict(self._pending[0])
+        starts, _ = session_runs(window[self.key])
+        cut = int(starts[-1]) if keep_last and starts.size > 1 else self.size
+        out = take_rows(window, session_permutation(window[self.key][:cut], self._rng))
+        rest = self.size - cut
+        self._pending = [take_rows(window, np.arange(cut, self.size))] if rest else []
+        self.size = rest
+        return [out]
+
+
 def shuffle_sessions(
     chunks: Iterable[Mapping[str, np.ndarray]],
     window_rows: int,
@@ -46,27 +104,11 @@ def shuffle_sessions(
 ) -> Iterator[Chunk]:
     """Shuffle sessions within windows of about ``window_rows`` rows; yields one chunk per window.
 
-    A window is cut at the last session boundary, so a session that continues into the next chunk is
-    carried over whole (unless one session alone exceeds the window). Every row comes out once.
+    Every row comes out once; a session is split only if it alone exceeds the window.
     """
     if window_rows <= 0:
         raise ValueError(f"window_rows must be positive, got {window_rows}")
-    rng = np.random.default_rng([seed, epoch])
-    pending: list[Mapping[str, np.ndarray]] = []
-    held = 0
+    buffer = SessionShuffleBuffer(np.random.default_rng([seed, epoch]), window_rows, key)
     for chunk in chunks:
-        if key not in chunk:
-            raise ValueError(f"session shuffle needs column {key!r}; the chunk has {sorted(chunk)}")
-        pending.append(chunk)
-        held += num_rows(chunk)
-        if held < window_rows:
-            continue
-        window = concat_chunks(pending)
-        starts, _ = session_runs(window[key])
-        cut = int(starts[-1]) if starts.size > 1 else held  # keep the last (maybe open) session
-        yield take_rows(window, session_permutation(window[key][:cut], rng))
-        rest = take_rows(window, np.arange(cut, held))
-        pending, held = ([rest], held - cut) if held > cut else ([], 0)
-    if held:
-        window = concat_chunks(pending)
-        yield take_rows(window, session_permutation(window[key], rng))
+        yield from buffer.add(chunk)
+    yield from buffer.drain(max(1, buffer.size))

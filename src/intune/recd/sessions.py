@@ -286,7 +286,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def write_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the generator from parsed CLI options (``--out``, ``--rows``, ``--seed``, ``--format``)."""
+    """Run the generator from parsed CLI options (``--out``, ``--rows``, ``--seed``, ``--format``,
+    ``--rows-per-file``) plus those of ``add_cli_arguments``: ``intune data generate --sessions``."""
+    extra = {} if getattr(args, "rows_per_file", None) is None else {"rows_per_file": args.rows_per_file}
     return write_session_dataset(
         args.out,
         args.rows,
@@ -297,4 +299,5 @@ def write_from_args(args: argparse.Namespace) -> dict[str, Any]:
         session_sigma=args.session_sigma,
         codec=args.codec,
         concurrency=args.concurrency,
+        **extra,
     )
