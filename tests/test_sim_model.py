@@ -13,8 +13,14 @@ def _params(stages, **machine):
         "batch_size": 100,
         "chunk_rows": 100,
         "bytes_per_row": 10,
-        "machine": {"cpus": 4, "memory_limit_gb": 10, "host_memory_gb": 20, "base_memory_gb": 1,
-                    "oversubscription_cost": 0.0, **machine},
+        "machine": {
+            "cpus": 4,
+            "memory_limit_gb": 10,
+            "host_memory_gb": 20,
+            "base_memory_gb": 1,
+            "oversubscription_cost": 0.0,
+            **machine,
+        },
         "stages": stages,
     }
     return model.params_from_spec(spec_from_dict(data))
@@ -27,8 +33,10 @@ def test_capacity_bound_single_stage():
 
 
 def test_cpu_bound_and_oversubscription():
-    stages = [{"name": "a", "cpu_us_per_row": 10.0, "mode": "process"},
-              {"name": "b", "cpu_us_per_row": 10.0, "mode": "process"}]
+    stages = [
+        {"name": "a", "cpu_us_per_row": 10.0, "mode": "process"},
+        {"name": "b", "cpu_us_per_row": 10.0, "mode": "process"},
+    ]
     p = _params(stages)
     # capacities 800k each; 4 CPUs / 20 us per row = 200k
     assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(200_000)
@@ -37,8 +45,13 @@ def test_cpu_bound_and_oversubscription():
     assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(200_000 / 1.9)
     assert model.throughput(p, [2, 2], [0, 0], cpus=4) == pytest.approx(200_000)  # no oversubscription
     # workers waiting on I/O want no CPU: 16 workers computing 1/10 of their time are 1.6 on 4 CPUs
-    p = _params([{"name": "a", "cpu_us_per_row": 1.0, "io_us_per_row": 9.0},
-                 {"name": "b", "cpu_us_per_row": 1.0, "io_us_per_row": 9.0}], oversubscription_cost=0.3)
+    p = _params(
+        [
+            {"name": "a", "cpu_us_per_row": 1.0, "io_us_per_row": 9.0},
+            {"name": "b", "cpu_us_per_row": 1.0, "io_us_per_row": 9.0},
+        ],
+        oversubscription_cost=0.3,
+    )
     assert model.compute_workers(p, [8, 8]) == pytest.approx(1.6)
     assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(800_000)
 
@@ -63,8 +76,9 @@ def test_gil_bound_thread_stage_gains_nothing_past_one_cpu():
 
 
 def test_contention_curve_and_bottleneck():
-    p = _params([{"name": "a", "cpu_us_per_row": 10.0, "contention": 0.1},
-                 {"name": "b", "cpu_us_per_row": 1.5}])
+    p = _params(
+        [{"name": "a", "cpu_us_per_row": 10.0, "contention": 0.1}, {"name": "b", "cpu_us_per_row": 1.5}]
+    )
     # 11 workers act like 11 / (1 + 0.1 * 10) = 5.5: 550k rows/s; b with 1 worker: 666.7k rows/s
     assert model.throughput(p, [11, 1], [0, 0], cpus=100) == pytest.approx(550_000)
     # 40 workers act like 40 / 4.9 = 8.16 (the curve tends to 1 / 0.1 = 10): a makes 816k, b binds
@@ -83,19 +97,36 @@ def test_buffer_absorbs_variance():
 
 
 def test_consumer_demand_caps_throughput():
-    data = {"name": "t", "batch_size": 1000, "consumer": {"model_latency_s": 0.01},
-            "stages": [{"name": "a", "kind": "batch", "cpu_us_per_row": 1.0}]}
+    data = {
+        "name": "t",
+        "batch_size": 1000,
+        "consumer": {"model_latency_s": 0.01},
+        "stages": [{"name": "a", "kind": "batch", "cpu_us_per_row": 1.0}],
+    }
     p = model.params_from_spec(spec_from_dict(data))
     assert p.demand == pytest.approx(100_000)
     assert model.throughput(p, [50], [0], cpus=64) == pytest.approx(100_000)
 
 
 def test_memory_counts_base_fixed_workers_inflight_and_buffers():
-    p = _params([
-        {"name": "a", "cpu_us_per_row": 1.0, "mode": "process", "worker_mb": 100, "inflight_items": 2,
-         "fixed_mb": 512},
-        {"name": "b", "cpu_us_per_row": 1.0, "worker_mb": 8, "buffer": {"min": 1, "max": 1000, "default": 10}},
-    ])
+    p = _params(
+        [
+            {
+                "name": "a",
+                "cpu_us_per_row": 1.0,
+                "mode": "process",
+                "worker_mb": 100,
+                "inflight_items": 2,
+                "fixed_mb": 512,
+            },
+            {
+                "name": "b",
+                "cpu_us_per_row": 1.0,
+                "worker_mb": 8,
+                "buffer": {"min": 1, "max": 1000, "default": 10},
+            },
+        ]
+    )
     item = 100 * 10  # bytes
     expected = 1 * GB + 512 * MB + 3 * (100 * MB + 2 * item) + 2 * (8 * MB + 2 * item) + (2 * item + 10 * MB)
     assert model.worst_case_memory(p, [3, 2], [0, 10]) == pytest.approx(expected)

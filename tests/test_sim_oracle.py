@@ -7,8 +7,7 @@ import pytest
 
 from intune.observation import MEMORY_SAFE_FRACTION
 from intune.policies import even_split
-from intune.sim import Simulator, paper_schedule, random_workload, run_episode, spec_from_dict
-from intune.sim import model
+from intune.sim import Simulator, model, paper_schedule, random_workload, run_episode, spec_from_dict
 from intune.sim.oracle import Bounds, OraclePolicy, optimal_allocation
 
 
@@ -32,23 +31,37 @@ def _brute_force(p, cpus, bounds, budget):
 def _small_spec(rng, n):
     stages = []
     for i in range(n):
-        stage = {"name": f"s{i}", "cpu_us_per_row": float(rng.uniform(1, 20)),
-                 "io_us_per_row": float(rng.choice([0.0, rng.uniform(1, 30)])),
-                 "contention": float(rng.choice([0.0, rng.uniform(0, 0.2)])),
-                 "cpu_cv": float(rng.uniform(0, 1.5)), "queue_items": int(rng.integers(1, 3)),
-                 "worker_mb": float(rng.uniform(50, 400))}
+        stage = {
+            "name": f"s{i}",
+            "cpu_us_per_row": float(rng.uniform(1, 20)),
+            "io_us_per_row": float(rng.choice([0.0, rng.uniform(1, 30)])),
+            "contention": float(rng.choice([0.0, rng.uniform(0, 0.2)])),
+            "cpu_cv": float(rng.uniform(0, 1.5)),
+            "queue_items": int(rng.integers(1, 3)),
+            "worker_mb": float(rng.uniform(50, 400)),
+        }
         if rng.random() < 0.3:
             stage["gil_fraction"] = float(rng.uniform(0.2, 1.0))
         if rng.random() < 0.5:
             stage["buffer"] = {"min": 1, "max": 6, "default": 1}
         stages.append(stage)
-    return spec_from_dict({
-        "name": "small", "batch_size": 4000, "chunk_rows": 4000, "bytes_per_row": 100,
-        "machine": {"cpus": 8, "memory_limit_gb": float(rng.uniform(1.6, 4.0)), "host_memory_gb": 8,
-                    "base_memory_gb": 1.0, "oversubscription_cost": 0.3},
-        "consumer": {"model_latency_s": float(rng.choice([0.0, rng.uniform(0.005, 0.05)]))},
-        "stages": stages,
-    })
+    return spec_from_dict(
+        {
+            "name": "small",
+            "batch_size": 4000,
+            "chunk_rows": 4000,
+            "bytes_per_row": 100,
+            "machine": {
+                "cpus": 8,
+                "memory_limit_gb": float(rng.uniform(1.6, 4.0)),
+                "host_memory_gb": 8,
+                "base_memory_gb": 1.0,
+                "oversubscription_cost": 0.3,
+            },
+            "consumer": {"model_latency_s": float(rng.choice([0.0, rng.uniform(0.005, 0.05)]))},
+            "stages": stages,
+        }
+    )
 
 
 @pytest.mark.parametrize("case", range(12))
@@ -69,8 +82,8 @@ def test_oracle_equals_exhaustive_search(case):
 def test_oracle_policy_reaches_the_optimum_and_beats_even_split():
     sim = Simulator("criteo", cpus=paper_schedule(40))
     result = run_episode(sim, OraclePolicy(), 200)
-    for start, end, cpus in sim.schedule.phases():
-        sim_alloc, best = sim.optimum(cpus)
+    for _, _, cpus in sim.schedule.phases():
+        sim_alloc, _ = sim.optimum(cpus)
         assert sum(v for k, v in sim_alloc.items() if k.endswith(".workers")) <= cpus
     # after the first tick of each phase the oracle is at its optimum: compare with even split
     sim2 = Simulator("criteo", cpus=paper_schedule(40))

@@ -19,16 +19,31 @@ from intune.sim import (
 
 
 def _spec(**machine):
-    return spec_from_dict({
-        "name": "tiny", "batch_size": 1000, "chunk_rows": 1000, "bytes_per_row": 1000,
-        "machine": {"cpus": 8, "memory_limit_gb": 4, "host_memory_gb": 64, "base_memory_gb": 1,
-                    "restart_delay_s": 3, **machine},
-        "stages": [
-            {"name": "read", "cpu_us_per_row": 2.0, "io_us_per_row": 8.0,
-             "buffer": {"min": 1, "max": 8192, "default": 16}},
-            {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 5.0},
-        ],
-    })
+    return spec_from_dict(
+        {
+            "name": "tiny",
+            "batch_size": 1000,
+            "chunk_rows": 1000,
+            "bytes_per_row": 1000,
+            "machine": {
+                "cpus": 8,
+                "memory_limit_gb": 4,
+                "host_memory_gb": 64,
+                "base_memory_gb": 1,
+                "restart_delay_s": 3,
+                **machine,
+            },
+            "stages": [
+                {
+                    "name": "read",
+                    "cpu_us_per_row": 2.0,
+                    "io_us_per_row": 8.0,
+                    "buffer": {"min": 1, "max": 8192, "default": 16},
+                },
+                {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 5.0},
+            ],
+        }
+    )
 
 
 class EvenSplit:
@@ -53,7 +68,11 @@ def test_observation_matches_model_without_noise():
     # read: 4 / 10 us = 400k rows/s; prefetch 1 / 5 us = 200k; CPU 8 / 7 us = 1.14M: prefetch binds
     assert obs.throughput == pytest.approx(200_000)
     read = obs.stage("read")
-    assert read.workers == 4 and read.items_per_s == pytest.approx(200.0) and read.rows_per_s == pytest.approx(2e5)
+    assert (
+        read.workers == 4
+        and read.items_per_s == pytest.approx(200.0)
+        and read.rows_per_s == pytest.approx(2e5)
+    )
     # 1000-row items: 2 ms of CPU each; busy wall time per item = 4 workers * 0.5 busy / 200 items/s
     assert read.cpu_s_per_item == pytest.approx(2e-3) and read.wall_s_per_item == pytest.approx(0.01)
     assert read.busy == pytest.approx(0.5) and obs.stage("prefetch").busy == pytest.approx(1.0)
@@ -117,7 +136,9 @@ def test_run_episode_clamps_to_cpus_and_records_arrays():
 
 def test_variants_and_random_workloads_simulate():
     spec = load_workload("production", cpus=16, batch_size=8192)
-    assert spec.machine.cpus == 16 and spec.batch_size == 8192 and spec.name == "production@cpus=16@batch=8192"
+    assert (
+        spec.machine.cpus == 16 and spec.batch_size == 8192 and spec.name == "production@cpus=16@batch=8192"
+    )
     rng = np.random.default_rng(0)
     for _ in range(10):
         spec = random_workload(rng)
@@ -141,11 +162,16 @@ def test_speed_is_in_the_thousands_of_ticks_per_second():
 
 def test_consumer_stall_stops_delivery_and_fills_buffers():
     data = {
-        "name": "stall", "batch_size": 1000, "chunk_rows": 1000, "bytes_per_row": 1000,
+        "name": "stall",
+        "batch_size": 1000,
+        "chunk_rows": 1000,
+        "bytes_per_row": 1000,
         "machine": {"cpus": 8, "memory_limit_gb": 64, "host_memory_gb": 64, "base_memory_gb": 1},
         "consumer": {"stall_every_s": 10, "stall_s": 3},
-        "stages": [{"name": "read", "cpu_us_per_row": 10.0},
-                   {"name": "prefetch", "cpu_us_per_row": 1.0, "buffer": {"min": 1, "max": 4096, "default": 1000}}],
+        "stages": [
+            {"name": "read", "cpu_us_per_row": 10.0},
+            {"name": "prefetch", "cpu_us_per_row": 1.0, "buffer": {"min": 1, "max": 4096, "default": 1000}},
+        ],
     }
     sim = Simulator(spec_from_dict(data), noise=0.0)
     sim.reset()
@@ -157,7 +183,6 @@ def test_consumer_stall_stops_delivery_and_fills_buffers():
 
 
 def test_step_fast_path_agrees_with_the_pure_model():
-    from intune.sim import model
 
     rng = np.random.default_rng(11)
     for _ in range(8):

@@ -14,19 +14,28 @@ def _with_stage(**fields):
     return {**BASE, "stages": [{"name": "read", "cpu_us_per_row": 1.0, **fields}]}
 
 
-@pytest.mark.parametrize("data, field", [
-    (_with_stage(cpu_us_per_rwo=1.0), r"stages\[0\] \(read\)\.cpu_us_per_rwo: unknown field"),
-    (_with_stage(cpu_us_per_row=-1.0), r"stages\[0\] \(read\)\.cpu_us_per_row: must be >= 0"),
-    (_with_stage(mode="fiber"), r"stages\[0\] \(read\)\.mode: must be one of"),
-    (_with_stage(mode="process", gil_fraction=0.5), r"\(read\)\.gil_fraction: applies only to thread"),
-    (_with_stage(buffer={"min": 8, "max": 4, "default": 4}), r"\(read\)\.buffer: needs min <= default <= max"),
-    (_with_stage(max_workers=2.5), r"\(read\)\.max_workers: must be an integer"),
-    ({**BASE, "machine": {"cpus": 0}}, r"machine\.cpus: must be >= 1"),
-    ({**BASE, "machine": {"memory_limit_gb": 8, "base_memory_gb": 9}}, r"machine\.base_memory_gb: must be below"),
-    ({**BASE, "stages": [BASE["stages"][0], BASE["stages"][0]]}, r"stage names must be unique"),
-    ({**BASE, "ladder": [["read", "udf"]]}, r"ladder\[0\]: unknown stage\(s\) \['udf'\]"),
-    ({"stages": BASE["stages"]}, r"name: is required"),
-])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        (_with_stage(cpu_us_per_rwo=1.0), r"stages\[0\] \(read\)\.cpu_us_per_rwo: unknown field"),
+        (_with_stage(cpu_us_per_row=-1.0), r"stages\[0\] \(read\)\.cpu_us_per_row: must be >= 0"),
+        (_with_stage(mode="fiber"), r"stages\[0\] \(read\)\.mode: must be one of"),
+        (_with_stage(mode="process", gil_fraction=0.5), r"\(read\)\.gil_fraction: applies only to thread"),
+        (
+            _with_stage(buffer={"min": 8, "max": 4, "default": 4}),
+            r"\(read\)\.buffer: needs min <= default <= max",
+        ),
+        (_with_stage(max_workers=2.5), r"\(read\)\.max_workers: must be an integer"),
+        ({**BASE, "machine": {"cpus": 0}}, r"machine\.cpus: must be >= 1"),
+        (
+            {**BASE, "machine": {"memory_limit_gb": 8, "base_memory_gb": 9}},
+            r"machine\.base_memory_gb: must be below",
+        ),
+        ({**BASE, "stages": [BASE["stages"][0], BASE["stages"][0]]}, r"stage names must be unique"),
+        ({**BASE, "ladder": [["read", "udf"]]}, r"ladder\[0\]: unknown stage\(s\) \['udf'\]"),
+        ({"stages": BASE["stages"]}, r"name: is required"),
+    ],
+)
 def test_validation_errors_name_the_field(data, field):
     with pytest.raises(SpecError, match=field):
         spec_from_dict(data, source="my.yaml")
@@ -53,7 +62,9 @@ def test_shipped_workloads_load_and_criteo_has_the_papers_shares():
     for name in names:
         assert load_workload(name).stages
     criteo = load_workload("criteo")
-    assert criteo.stage_names == ("read", "batch", "shuffle", "udf", "prefetch") and criteo.batch_size == 24096
+    assert (
+        criteo.stage_names == ("read", "batch", "shuffle", "udf", "prefetch") and criteo.batch_size == 24096
+    )
     p = model.params_from_spec(criteo)
     latency = p.cpu_s_per_row + p.io_s_per_row
     np.testing.assert_allclose(latency / latency.sum(), [0.14, 0.28, 0.117, 0.423, 0.04], atol=0.002)
@@ -66,7 +77,10 @@ def test_production_matches_figure_5_shares_of_demand():
     p = model.params_from_spec(spec)
     for name, ref in spec.references.items():
         w = [ref.workers[s] for s in p.names]
-        b = [ref.buffer_mb.get(s, st.buffer.default if st.buffer else 0) for s, st in zip(p.names, spec.stages)]
+        b = [
+            ref.buffer_mb.get(s, st.buffer.default if st.buffer else 0)
+            for s, st in zip(p.names, spec.stages, strict=True)
+        ]
         share = model.throughput(p, w, b, ref.cpus) / p.demand
         assert share == pytest.approx(ref.demand_share, abs=0.025), name
 

@@ -37,14 +37,26 @@ FIG8_LADDER = (2, 3, 4, 5, 6, 7)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", action="append", help="a shipped name or a .yaml/.json path (repeatable); "
-                        "default: criteo and production, plus the Figure 8 panels")
+    parser.add_argument(
+        "--workload",
+        action="append",
+        help="a shipped name or a .yaml/.json path (repeatable); "
+        "default: criteo and production, plus the Figure 8 panels",
+    )
     parser.add_argument("--quick", action="store_true", help="short phases and fewer variants (< 2 minutes)")
     parser.add_argument("--json", metavar="PATH", help="write {machine, results} here")
-    parser.add_argument("--plot", metavar="PATH", help="write the Figure 7 plot here (Figure 8 beside it, *-fig8.png)")
-    parser.add_argument("--period", type=int, default=None, help="ticks per phase of the resize schedule "
-                        "(default 600, quick 120)")
-    parser.add_argument("--policies", default=None, help="comma-separated subset of " + ",".join(POLICY_NAMES))
+    parser.add_argument(
+        "--plot", metavar="PATH", help="write the Figure 7 plot here (Figure 8 beside it, *-fig8.png)"
+    )
+    parser.add_argument(
+        "--period",
+        type=int,
+        default=None,
+        help="ticks per phase of the resize schedule (default 600, quick 120)",
+    )
+    parser.add_argument(
+        "--policies", default=None, help="comma-separated subset of " + ",".join(POLICY_NAMES)
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-fig8", action="store_true", help="skip the Figure 8 panels")
 
@@ -60,12 +72,17 @@ def _available(names: list[str]) -> tuple[list[str], list[str]]:
     return ok, notes
 
 
-def _episode(spec, schedule, policy_name: str, ticks: int, seed: int) -> tuple[EpisodeResult | None, str | None]:
+def _episode(
+    spec, schedule, policy_name: str, ticks: int, seed: int
+) -> tuple[EpisodeResult | None, str | None]:
     sim = Simulator(spec, cpus=schedule, seed=seed)
     try:
         return run_episode(sim, make(policy_name), ticks), None
     except Exception as e:
-        return None, f"{policy_name} failed on {spec.name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        return (
+            None,
+            f"{policy_name} failed on {spec.name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}",
+        )
 
 
 def _metrics(spec, schedule, runs: dict[str, EpisodeResult]) -> list[dict[str, Any]]:
@@ -73,19 +90,24 @@ def _metrics(spec, schedule, runs: dict[str, EpisodeResult]) -> list[dict[str, A
     oracle = runs.get("oracle")
     rows = []
     for name, r in runs.items():
-        conv = (convergence_ticks(r.model_throughput, oracle.model_throughput, schedule.phases())
-                if oracle is not None else None)
+        conv = (
+            convergence_ticks(r.model_throughput, oracle.model_throughput, schedule.phases())
+            if oracle is not None
+            else None
+        )
         mean = float(r.throughput.mean())
-        rows.append({
-            "workload": spec.name,
-            "policy": name,
-            "throughput_norm": mean / float(none.throughput.mean()) if none is not None else None,
-            "oracle_ratio": mean / float(oracle.throughput.mean()) if oracle is not None else None,
-            "ooms": r.oom_count,
-            "convergence_ticks": conv,
-            "cpu_util": r.cpu_util,
-            "rows_per_s": mean,
-        })
+        rows.append(
+            {
+                "workload": spec.name,
+                "policy": name,
+                "throughput_norm": mean / float(none.throughput.mean()) if none is not None else None,
+                "oracle_ratio": mean / float(oracle.throughput.mean()) if oracle is not None else None,
+                "ooms": r.oom_count,
+                "convergence_ticks": conv,
+                "cpu_util": r.cpu_util,
+                "rows_per_s": mean,
+            }
+        )
     return rows
 
 
@@ -101,7 +123,7 @@ def simulator_speed(seconds: float = 1.0) -> float:
     """Ticks per second of ``Simulator.step`` on criteo (5 stages) with an even split, no policy."""
     sim = Simulator("criteo", cpus=64)
     sim.reset()
-    for name, knob in sim.knobs.items():
+    for knob in sim.knobs.values():
         if knob.unit == "cpu":
             knob.set(12)
     n, start = 0, time.perf_counter()
@@ -137,9 +159,20 @@ def run(args: argparse.Namespace) -> int:
             row["panel"] = "fig7"
         results += rows
         print(f"\n{spec.name}: schedule {'->'.join(map(str, schedule.levels))} CPUs, {period} ticks each")
-        print(format_table([{**r, "convergence_ticks": _conv_cell(r["convergence_ticks"])} for r in rows],
-                           ["policy", "throughput_norm", "oracle_ratio", "ooms", "convergence_ticks", "cpu_util",
-                            "rows_per_s"]))
+        print(
+            format_table(
+                [{**r, "convergence_ticks": _conv_cell(r["convergence_ticks"])} for r in rows],
+                [
+                    "policy",
+                    "throughput_norm",
+                    "oracle_ratio",
+                    "ooms",
+                    "convergence_ticks",
+                    "cpu_util",
+                    "rows_per_s",
+                ],
+            )
+        )
     fig8: dict[str, list[dict[str, Any]]] = {}
     if not args.workload and not args.no_fig8:
         fig8 = _figure8(policies, args.quick, args.seed)
@@ -165,11 +198,17 @@ def _figure8(policies: list[str], quick: bool, seed: int) -> dict[str, list[dict
     """Constant-CPU runs of the drill-downs (model latency 0), normalised to autotune."""
     ticks = 150 if quick else 600
     panels = {
-        "fig8a": [("stages", k, ladder_workload(k)) for k in (FIG8_LADDER[::2] + (7,) if quick else FIG8_LADDER)],
-        "fig8b": [("cpus", c, load_workload("production", cpus=c, model_latency_s=0.0))
-                  for c in ((8, 32, 128) if quick else FIG8_CPUS)],
-        "fig8c": [("batch_size", b, load_workload("production", batch_size=b, model_latency_s=0.0))
-                  for b in ((4096, 32768) if quick else FIG8_BATCHES)],
+        "fig8a": [
+            ("stages", k, ladder_workload(k)) for k in (FIG8_LADDER[::2] + (7,) if quick else FIG8_LADDER)
+        ],
+        "fig8b": [
+            ("cpus", c, load_workload("production", cpus=c, model_latency_s=0.0))
+            for c in ((8, 32, 128) if quick else FIG8_CPUS)
+        ],
+        "fig8c": [
+            ("batch_size", b, load_workload("production", batch_size=b, model_latency_s=0.0))
+            for b in ((4096, 32768) if quick else FIG8_BATCHES)
+        ],
     }
     out: dict[str, list[dict[str, Any]]] = {}
     for panel, variants in panels.items():
@@ -185,8 +224,12 @@ def _figure8(policies: list[str], quick: bool, seed: int) -> dict[str, list[dict
                     runs[name] = r
             auto = runs.get("autotune")
             for row in _metrics(spec, schedule, runs):
-                row.update(panel=panel, param=param, value=value,
-                           autotune_ratio=row["rows_per_s"] / float(auto.throughput.mean()) if auto else None)
+                row.update(
+                    panel=panel,
+                    param=param,
+                    value=value,
+                    autotune_ratio=row["rows_per_s"] / float(auto.throughput.mean()) if auto else None,
+                )
                 rows.append(row)
         out[panel] = rows
     return out

@@ -69,7 +69,10 @@ def _measure(pipe, it, seconds: float, warmup: float) -> dict[str, Any]:
     for name, s1 in m1.stages.items():
         s0 = m0.stages[name]
         rows = max(1, s1.rows - s0.rows)
-        stages[name] = {"cpu_s_per_row": (s1.cpu_s - s0.cpu_s) / rows, "busy_s_per_row": (s1.busy_s - s0.busy_s) / rows}
+        stages[name] = {
+            "cpu_s_per_row": (s1.cpu_s - s0.cpu_s) / rows,
+            "busy_s_per_row": (s1.busy_s - s0.busy_s) / rows,
+        }
     return {"rows_per_s": (m1.rows_out - m0.rows_out) / elapsed, "stages": stages}
 
 
@@ -82,10 +85,25 @@ def _spec(fit: dict[str, dict[str, float]], contention: float, oversub: float, c
     stages = []
     for name, mode in (("read", "thread"), ("burn", "process"), ("wait", "thread")):
         f = fit[name]
-        stages.append({"name": name, "mode": mode, "cpu_us_per_row": f["cpu"] * 1e6, "io_us_per_row": f["io"] * 1e6,
-                       "contention": contention if name == "burn" else 0.0, "max_workers": 64})
-    return spec_from_dict({"name": "calibration", "chunk_rows": CHUNK_ROWS, "batch_size": CHUNK_ROWS,
-                           "machine": {"cpus": cpus, "oversubscription_cost": oversub}, "stages": stages})
+        stages.append(
+            {
+                "name": name,
+                "mode": mode,
+                "cpu_us_per_row": f["cpu"] * 1e6,
+                "io_us_per_row": f["io"] * 1e6,
+                "contention": contention if name == "burn" else 0.0,
+                "max_workers": 64,
+            }
+        )
+    return spec_from_dict(
+        {
+            "name": "calibration",
+            "chunk_rows": CHUNK_ROWS,
+            "batch_size": CHUNK_ROWS,
+            "machine": {"cpus": cpus, "oversubscription_cost": oversub},
+            "stages": stages,
+        }
+    )
 
 
 def predict(fit, contention: float, oversub: float, cpus: int, alloc: tuple[int, int]) -> float:
@@ -97,7 +115,11 @@ def run(args: argparse.Namespace) -> int:
     from intune import Pipeline
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    pipe = Pipeline.from_iterable(_source, max_workers=16).map(burn, name="burn", mode="process").map(wait, name="wait", mode="thread")
+    pipe = (
+        Pipeline.from_iterable(_source, max_workers=16)
+        .map(burn, name="burn", mode="process")
+        .map(wait, name="wait", mode="thread")
+    )
     runs: dict[tuple[int, int], list[dict[str, Any]]] = {a: [] for a in FIT + HELD_OUT}
     try:
         it = iter(pipe)
@@ -106,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
                 pipe.set_knob("burn.workers", alloc[0])
                 pipe.set_knob("wait.workers", alloc[1])
                 runs[alloc].append(_measure(pipe, it, args.seconds, args.warmup))
-                print(f"measured burn={alloc[0]} wait={alloc[1]}: {runs[alloc][-1]['rows_per_s']:,.0f} rows/s", flush=True)
+                print(
+                    f"measured burn={alloc[0]} wait={alloc[1]}: {runs[alloc][-1]['rows_per_s']:,.0f} rows/s",
+                    flush=True,
+                )
     finally:
         pipe.close()
     measured = {a: _median_run(r) for a, r in runs.items()}
@@ -118,17 +143,33 @@ def run(args: argparse.Namespace) -> int:
         fit[name] = {"cpu": max(float(cpu), 1e-9), "io": max(0.0, float(busy - cpu))}
     # burn's wall time in a 1-worker run is its cost without contention
     grid = itertools.product(np.linspace(0.0, 0.5, 26), np.linspace(0.0, 1.0, 11))
-    best = min(grid, key=lambda g: sum(
-        np.log(predict(fit, g[0], g[1], cpus, a) / measured[a]["rows_per_s"]) ** 2 for a in FIT))
+    best = min(
+        grid,
+        key=lambda g: sum(
+            np.log(predict(fit, g[0], g[1], cpus, a) / measured[a]["rows_per_s"]) ** 2 for a in FIT
+        ),
+    )
     rows = []
     for alloc in HELD_OUT:
         pred = predict(fit, best[0], best[1], cpus, alloc)
         meas = measured[alloc]["rows_per_s"]
-        rows.append({"burn.workers": alloc[0], "wait.workers": alloc[1], "predicted": pred, "measured": meas,
-                     "error": pred / meas - 1, "within_20pct": bool(abs(pred / meas - 1) <= 0.2)})
-    print(f"\nfitted on {FIT} with {cpus} CPUs: " + ", ".join(
-        f"{n} cpu {f['cpu'] * 1e6:.2f} us/row io {f['io'] * 1e6:.2f} us/row" for n, f in fit.items())
-        + f"; contention {best[0]:.2f}, oversubscription cost {best[1]:.2f}")
+        rows.append(
+            {
+                "burn.workers": alloc[0],
+                "wait.workers": alloc[1],
+                "predicted": pred,
+                "measured": meas,
+                "error": pred / meas - 1,
+                "within_20pct": bool(abs(pred / meas - 1) <= 0.2),
+            }
+        )
+    print(
+        f"\nfitted on {FIT} with {cpus} CPUs: "
+        + ", ".join(
+            f"{n} cpu {f['cpu'] * 1e6:.2f} us/row io {f['io'] * 1e6:.2f} us/row" for n, f in fit.items()
+        )
+        + f"; contention {best[0]:.2f}, oversubscription cost {best[1]:.2f}"
+    )
     print(format_table(rows))
     ok = sum(r["within_20pct"] for r in rows)
     print(f"\n{ok}/{len(rows)} held-out configurations within +-20% (target: >= 8/10)")

@@ -120,8 +120,13 @@ def run_episode(
     )
 
 
-def convergence_ticks(model_throughput: np.ndarray, optimum: np.ndarray, phases: list[tuple[int, int, int]],
-                      level: float = 0.95, hold: int = 5) -> list[int | None]:
+def convergence_ticks(
+    model_throughput: np.ndarray,
+    optimum: np.ndarray,
+    phases: list[tuple[int, int, int]],
+    level: float = 0.95,
+    hold: int = 5,
+) -> list[int | None]:
     """Per phase ``(start, end, cpus)``: ticks from its start until the throughput reaches ``level`` of the
     optimum and stays there for ``hold`` ticks (or to the phase's end); None if it never does.
 

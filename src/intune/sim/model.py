@@ -78,19 +78,26 @@ def params_from_spec(spec: WorkloadSpec) -> ModelParams:
     m = spec.machine
     ghz_scale = (spec.reference_ghz or m.cpu_ghz) / m.cpu_ghz
     rpi = np.array(spec.rows_per_item(), dtype=float)
-    bpr = np.array([s.bytes_per_row if s.bytes_per_row is not None else spec.bytes_per_row for s in spec.stages])
+    bpr = np.array(
+        [s.bytes_per_row if s.bytes_per_row is not None else spec.bytes_per_row for s in spec.stages]
+    )
     copy_us = np.array([s.copies for s in spec.stages]) * bpr / (m.mem_bandwidth_gbs * 1e3)  # us per row
-    cpu_us = np.array([s.cpu_us_per_row for s in spec.stages]) + np.array(
-        [s.item_overhead_us for s in spec.stages]
-    ) / rpi
-    worker_mb = np.array([s.worker_mb if s.worker_mb is not None else DEFAULT_WORKER_MB[s.mode] for s in spec.stages])
+    cpu_us = (
+        np.array([s.cpu_us_per_row for s in spec.stages])
+        + np.array([s.item_overhead_us for s in spec.stages]) / rpi
+    )
+    worker_mb = np.array(
+        [s.worker_mb if s.worker_mb is not None else DEFAULT_WORKER_MB[s.mode] for s in spec.stages]
+    )
     bpi = bpr * rpi
     return ModelParams(
         names=spec.stage_names,
         cpu_s_per_row=(cpu_us * ghz_scale + copy_us) * 1e-6,
         io_s_per_row=np.array([s.io_us_per_row for s in spec.stages]) * 1e-6,
         contention=np.array([s.contention for s in spec.stages], dtype=float),
-        gil_fraction=np.array([s.gil_fraction if s.mode == "thread" else 0.0 for s in spec.stages], dtype=float),
+        gil_fraction=np.array(
+            [s.gil_fraction if s.mode == "thread" else 0.0 for s in spec.stages], dtype=float
+        ),
         variance_loss=np.minimum(0.9, 0.5 * np.array([s.cpu_cv for s in spec.stages], dtype=float) ** 2),
         rows_per_item=rpi,
         bytes_per_item=bpi,
@@ -111,14 +118,16 @@ def params_from_spec(spec: WorkloadSpec) -> ModelParams:
 
 # ------------------------------------------------------------------------------------------ throughput
 
+
 def effective_workers(workers: np.ndarray, contention: np.ndarray) -> np.ndarray:
     """The scaling curve: ``w / (1 + contention * (w - 1))`` (1 worker is 1; the limit is 1/contention)."""
     w = np.asarray(workers, dtype=float)
     return w / (1.0 + contention * np.maximum(w - 1.0, 0.0))
 
 
-def stage_capacity(p: ModelParams, workers: np.ndarray, cpu_mult: np.ndarray | float = 1.0,
-                   cpu_share: float = 1.0) -> np.ndarray:
+def stage_capacity(
+    p: ModelParams, workers: np.ndarray, cpu_mult: np.ndarray | float = 1.0, cpu_share: float = 1.0
+) -> np.ndarray:
     """Rows/s each stage can process with ``workers``, each worker getting ``cpu_share`` of a CPU."""
     c = p.cpu_s_per_row * cpu_mult
     cap = effective_workers(workers, p.contention) / (c / cpu_share + p.io_s_per_row)
@@ -136,8 +145,9 @@ def buffer_factor(p: ModelParams, buffer_mb: np.ndarray) -> np.ndarray:
     return 1.0 - p.variance_loss / (1.0 + buffer_items(p, buffer_mb))
 
 
-def stage_rates(p: ModelParams, workers: np.ndarray, buffer_mb: np.ndarray,
-                cpu_mult: np.ndarray | float = 1.0) -> np.ndarray:
+def stage_rates(
+    p: ModelParams, workers: np.ndarray, buffer_mb: np.ndarray, cpu_mult: np.ndarray | float = 1.0
+) -> np.ndarray:
     """Rows/s each stage sustains: capacity times the buffer factor."""
     return stage_capacity(p, workers, cpu_mult) * buffer_factor(p, buffer_mb)
 
@@ -180,11 +190,12 @@ def queue_fill_target(rates: np.ndarray, demand: float) -> np.ndarray:
         if demand > 0:
             down[:-1] = np.minimum(down[:-1], demand)
     x = np.where(np.isinf(down), 0.0, up / np.where(np.isinf(down), 1.0, down))
-    xk = x ** FILL_SHARPNESS
+    xk = x**FILL_SHARPNESS
     return xk / (1.0 + xk)
 
 
 # ---------------------------------------------------------------------------------------------- memory
+
 
 def buffer_capacity_bytes(p: ModelParams, buffer_mb: np.ndarray) -> np.ndarray:
     """Bytes each stage's output buffer can hold."""

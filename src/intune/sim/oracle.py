@@ -54,8 +54,9 @@ class Bounds:
     b_max: np.ndarray
 
 
-def _stage_options(p: ModelParams, i: int, tau: float, w: np.ndarray, caps: np.ndarray,
-                   b_min: int, b_max: int) -> tuple[np.ndarray, np.ndarray]:
+def _stage_options(
+    p: ModelParams, i: int, tau: float, w: np.ndarray, caps: np.ndarray, b_min: int, b_max: int
+) -> tuple[np.ndarray, np.ndarray]:
     """For each worker count ``w`` of stage ``i``: least buffer MB reaching ``tau`` and its memory (inf if none)."""
     v = p.variance_loss[i]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -75,8 +76,16 @@ def _stage_options(p: ModelParams, i: int, tau: float, w: np.ndarray, caps: np.n
     return b, np.where(ok, w * p.worker_bytes[i] + b * MB, np.inf)
 
 
-def _feasible(p: ModelParams, tau: float, ws: list[np.ndarray], caps: list[np.ndarray], bounds: Bounds,
-              cpu_cap: int, cpu_bounds: np.ndarray, mem_budget: float):
+def _feasible(
+    p: ModelParams,
+    tau: float,
+    ws: list[np.ndarray],
+    caps: list[np.ndarray],
+    bounds: Bounds,
+    cpu_cap: int,
+    cpu_bounds: np.ndarray,
+    mem_budget: float,
+):
     """Least-memory allocation with every stage rate >= tau and the CPU bound >= tau, or None."""
     dp = np.zeros(1)  # dp[W] = least memory with exactly W workers so far
     choices = []
@@ -103,8 +112,13 @@ def _feasible(p: ModelParams, tau: float, ws: list[np.ndarray], caps: list[np.nd
     return w_out, b_out
 
 
-def optimal_allocation(p: ModelParams, cpus: int, bounds: Bounds, cpu_mult: np.ndarray | float = 1.0,
-                       memory_budget: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+def optimal_allocation(
+    p: ModelParams,
+    cpus: int,
+    bounds: Bounds,
+    cpu_mult: np.ndarray | float = 1.0,
+    memory_budget: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, float]:
     """``(workers, buffer_mb, rows/s)`` maximising the model's throughput (see the module docstring).
 
     ``memory_budget`` defaults to ``MEMORY_SAFE_FRACTION`` of the limit, where the reward starts to fall.
@@ -114,18 +128,24 @@ def optimal_allocation(p: ModelParams, cpus: int, bounds: Bounds, cpu_mult: np.n
     n = p.n_stages
     cpu_cap = max(int(cpus), int(bounds.w_min.sum()))
     others = bounds.w_min.sum() - bounds.w_min
-    ws = [np.arange(bounds.w_min[i], max(bounds.w_min[i], min(bounds.w_max[i], cpu_cap - others[i])) + 1)
-          for i in range(n)]
+    ws = [
+        np.arange(bounds.w_min[i], max(bounds.w_min[i], min(bounds.w_max[i], cpu_cap - others[i])) + 1)
+        for i in range(n)
+    ]
     mult = np.broadcast_to(np.asarray(cpu_mult, dtype=float), (n,))
     caps = [model.stage_capacity(_one(p, i), ws[i], mult[i]) for i in range(n)]
     # Every allocation within the cap has the same CPU bound: if sum(wmin) <= C, W <= C so eta = 1; else
     # the cap is sum(wmin) and the workers are all at their minimum.
     busy = model.compute_workers(p, bounds.w_min) if bounds.w_min.sum() > cpus else 0.0
-    bound = model.cpu_bound(p, bounds.w_min, cpus, mult) if busy else cpus / float(np.sum(p.cpu_s_per_row * mult))
+    bound = (
+        model.cpu_bound(p, bounds.w_min, cpus, mult) if busy else cpus / float(np.sum(p.cpu_s_per_row * mult))
+    )
     cpu_bounds = np.full(cpu_cap + 1, bound)
     b_best = np.where(p.has_buffer, bounds.b_max, 0)
-    hi = min(float(cpu_bounds.max()),
-             min(float(caps[i][-1] * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0]) for i in range(n)))
+    hi = min(
+        float(cpu_bounds.max()),
+        min(float(caps[i][-1] * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0]) for i in range(n)),
+    )
     if p.demand > 0:
         hi = min(hi, p.demand)
     found = _feasible(p, hi, ws, caps, bounds, cpu_cap, cpu_bounds, budget)
@@ -150,13 +170,34 @@ def optimal_allocation(p: ModelParams, cpus: int, bounds: Bounds, cpu_mult: np.n
 def _one(p: ModelParams, i: int) -> ModelParams:
     """Stage ``i`` alone, as a one-stage ModelParams (for per-stage vectorised calls)."""
     sl = slice(i, i + 1)
-    arrays = {k: getattr(p, k)[sl] for k in (
-        "cpu_s_per_row", "io_s_per_row", "contention", "gil_fraction", "variance_loss", "rows_per_item",
-        "bytes_per_item", "worker_bytes", "fixed_bytes", "queue_items", "has_buffer", "drift_amplitude",
-        "drift_period_s")}
-    return ModelParams(names=p.names[sl], **arrays, base_bytes=p.base_bytes, limit_bytes=p.limit_bytes,
-                       host_bytes=p.host_bytes, oversubscription_cost=p.oversubscription_cost,
-                       batch_size=p.batch_size, model_latency_s=p.model_latency_s)
+    arrays = {
+        k: getattr(p, k)[sl]
+        for k in (
+            "cpu_s_per_row",
+            "io_s_per_row",
+            "contention",
+            "gil_fraction",
+            "variance_loss",
+            "rows_per_item",
+            "bytes_per_item",
+            "worker_bytes",
+            "fixed_bytes",
+            "queue_items",
+            "has_buffer",
+            "drift_amplitude",
+            "drift_period_s",
+        )
+    }
+    return ModelParams(
+        names=p.names[sl],
+        **arrays,
+        base_bytes=p.base_bytes,
+        limit_bytes=p.limit_bytes,
+        host_bytes=p.host_bytes,
+        oversubscription_cost=p.oversubscription_cost,
+        batch_size=p.batch_size,
+        model_latency_s=p.model_latency_s,
+    )
 
 
 def bounds_from_knobs(names: tuple[str, ...], knobs: Mapping[str, Knob]) -> Bounds:
@@ -175,7 +216,9 @@ def search_optimum(sim, cpus: int) -> tuple[dict[str, int], float]:
     p = sim.params
     w, b, t = optimal_allocation(p, cpus, bounds_from_knobs(p.names, sim.knobs), sim.cpu_multipliers())
     alloc = {f"{s}.workers": int(w[i]) for i, s in enumerate(p.names)}
-    alloc.update({f"{s}.buffer_mb": int(b[i]) for i, s in enumerate(p.names) if f"{s}.buffer_mb" in sim.knobs})
+    alloc.update(
+        {f"{s}.buffer_mb": int(b[i]) for i, s in enumerate(p.names) if f"{s}.buffer_mb" in sim.knobs}
+    )
     return alloc, t
 
 
@@ -197,8 +240,10 @@ class OraclePolicy:
 
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         if self.sim is None:
-            raise RuntimeError("the oracle reads the simulator's true model: build OraclePolicy(sim=...) "
-                               "or run it through intune.sim.run_episode")
+            raise RuntimeError(
+                "the oracle reads the simulator's true model: build OraclePolicy(sim=...) "
+                "or run it through intune.sim.run_episode"
+            )
         self._knobs = knobs
         self._cpus: float | None = None
         self._since = 0

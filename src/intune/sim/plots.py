@@ -26,7 +26,7 @@ def plot_figure7(path: str | Path, traces: dict[str, dict[str, Any]]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(traces), 1, figsize=(10, 3.6 * len(traces)), squeeze=False)
-    for ax, (workload, runs) in zip(axes[:, 0], traces.items()):
+    for ax, (workload, runs) in zip(axes[:, 0], traces.items(), strict=True):
         none = runs.get("none")
         scale = float(none.throughput.mean()) if none is not None else 1.0
         for name, r in runs.items():
@@ -56,15 +56,18 @@ def plot_figure8(path: str | Path, panels: dict[str, list[dict[str, Any]]]) -> P
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    for ax, (panel, rows) in zip(axes[0], panels.items()):
+    for ax, (panel, rows) in zip(axes[0], panels.items(), strict=True):
         if not rows:
             continue
         param = rows[0]["param"]
         for name in dict.fromkeys(r["policy"] for r in rows):
-            pts = sorted((r["value"], r["autotune_ratio"]) for r in rows
-                         if r["policy"] == name and r["autotune_ratio"] is not None)
+            pts = sorted(
+                (r["value"], r["autotune_ratio"])
+                for r in rows
+                if r["policy"] == name and r["autotune_ratio"] is not None
+            )
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=name, lw=1.2)
+                ax.plot(*zip(*pts, strict=True), marker="o", label=name, lw=1.2)
         if param in ("cpus", "batch_size"):
             ax.set_xscale("log", base=2)
         ax.set_title(f"{panel}: by {param}")

@@ -58,7 +58,11 @@ def random_workload(
     stages = []
     for i, kind in enumerate(kinds):
         latency = total_us * shares[i] + 0.05
-        io_share = rng.uniform(0.3, 0.95) if kind == "read" else (rng.uniform(0.0, 0.5) if rng.random() < 0.2 else 0.0)
+        io_share = (
+            rng.uniform(0.3, 0.95)
+            if kind == "read"
+            else (rng.uniform(0.0, 0.5) if rng.random() < 0.2 else 0.0)
+        )
         process = kind in ("map", "udf", "batch") and rng.random() < 0.5
         gil = 0.0
         if not process and kind != "read":
@@ -68,26 +72,32 @@ def random_workload(
         if has_buffer:
             hi = int(rng.choice([1024, 4096, 16384, 65536]))
             buf = BufferSpec(min=8, max=hi, default=min(hi, int(rng.choice([16, 32, 64, 128]))))
-        stages.append(StageSpec(
-            name=f"{kind}{i}",
-            kind=kind,
-            mode="process" if process else "thread",
-            cpu_us_per_row=latency * (1.0 - io_share),
-            io_us_per_row=latency * io_share,
-            item_overhead_us=float(rng.choice([0.0, 0.0, rng.uniform(10.0, 3000.0)])),
-            cpu_cv=float(rng.uniform(0.0, 0.8)),
-            contention=0.0 if rng.random() < 0.3 else float(np.exp(rng.uniform(np.log(1e-4), np.log(0.05)))),
-            gil_fraction=float(gil),
-            copies=1.0 if kind == "prefetch" else 0.0,
-            bytes_per_row=float(rng.uniform(64.0, 1024.0)),
-            worker_mb=float(rng.uniform(80.0, 300.0) if process else rng.uniform(4.0, 32.0)),
-            fixed_mb=float(rng.uniform(256.0, 8192.0)) if kind == "shuffle" else 0.0,
-            queue_items=int(rng.integers(1, 5)),
-            max_workers=128,
-            buffer=buf,
-            drift=DriftSpec(amplitude=float(rng.uniform(0.0, 0.3)) if rng.random() < 0.5 else 0.0,
-                            period_s=float(rng.uniform(300.0, 3600.0))),
-        ))
+        stages.append(
+            StageSpec(
+                name=f"{kind}{i}",
+                kind=kind,
+                mode="process" if process else "thread",
+                cpu_us_per_row=latency * (1.0 - io_share),
+                io_us_per_row=latency * io_share,
+                item_overhead_us=float(rng.choice([0.0, 0.0, rng.uniform(10.0, 3000.0)])),
+                cpu_cv=float(rng.uniform(0.0, 0.8)),
+                contention=0.0
+                if rng.random() < 0.3
+                else float(np.exp(rng.uniform(np.log(1e-4), np.log(0.05)))),
+                gil_fraction=float(gil),
+                copies=1.0 if kind == "prefetch" else 0.0,
+                bytes_per_row=float(rng.uniform(64.0, 1024.0)),
+                worker_mb=float(rng.uniform(80.0, 300.0) if process else rng.uniform(4.0, 32.0)),
+                fixed_mb=float(rng.uniform(256.0, 8192.0)) if kind == "shuffle" else 0.0,
+                queue_items=int(rng.integers(1, 5)),
+                max_workers=128,
+                buffer=buf,
+                drift=DriftSpec(
+                    amplitude=float(rng.uniform(0.0, 0.3)) if rng.random() < 0.5 else 0.0,
+                    period_s=float(rng.uniform(300.0, 3600.0)),
+                ),
+            )
+        )
     cpus = int(cpus) if cpus is not None else int(rng.choice(CPU_CHOICES))
     base_gb = float(rng.uniform(1.0, 16.0))
     fixed_gb = sum(s.fixed_mb for s in stages) / 1024
@@ -97,14 +107,24 @@ def random_workload(
     spec = WorkloadSpec(
         name=name or f"random-{n}x{cpus}",
         stages=tuple(stages),
-        machine=MachineSpec(cpus=cpus, memory_limit_gb=limit_gb, host_memory_gb=limit_gb * float(rng.uniform(1.5, 8.0)),
-                            base_memory_gb=base_gb, cpu_ghz=float(rng.uniform(2.0, 3.5)),
-                            mem_bandwidth_gbs=float(rng.uniform(10.0, 40.0)),
-                            restart_delay_s=float(rng.uniform(20.0, 120.0)),
-                            oversubscription_cost=float(rng.uniform(0.1, 0.5))),
-        consumer=ConsumerSpec(model_latency_s=0.0, **(
-            {"stall_every_s": float(rng.uniform(120.0, 900.0)), "stall_s": float(rng.uniform(5.0, 40.0))}
-            if rng.random() < 0.2 else {})),
+        machine=MachineSpec(
+            cpus=cpus,
+            memory_limit_gb=limit_gb,
+            host_memory_gb=limit_gb * float(rng.uniform(1.5, 8.0)),
+            base_memory_gb=base_gb,
+            cpu_ghz=float(rng.uniform(2.0, 3.5)),
+            mem_bandwidth_gbs=float(rng.uniform(10.0, 40.0)),
+            restart_delay_s=float(rng.uniform(20.0, 120.0)),
+            oversubscription_cost=float(rng.uniform(0.1, 0.5)),
+        ),
+        consumer=ConsumerSpec(
+            model_latency_s=0.0,
+            **(
+                {"stall_every_s": float(rng.uniform(120.0, 900.0)), "stall_s": float(rng.uniform(5.0, 40.0))}
+                if rng.random() < 0.2
+                else {}
+            ),
+        ),
         batch_size=int(rng.choice(BATCH_CHOICES)),
         chunk_rows=int(rng.choice([256, 1024, 2048, 4096])),
         description="random pretraining workload",
@@ -112,7 +132,12 @@ def random_workload(
     spec = validate(spec)
     if rng.random() < consumer_bound_p:  # a trainer that the tuned pipeline can outrun
         p = model.params_from_spec(spec)
-        none = model.throughput(p, np.ones(n), np.where(p.has_buffer, [s.buffer.default if s.buffer else 0 for s in stages], 0), cpus)
+        none = model.throughput(
+            p,
+            np.ones(n),
+            np.where(p.has_buffer, [s.buffer.default if s.buffer else 0 for s in stages], 0),
+            cpus,
+        )
         demand = none * float(rng.uniform(2.0, 20.0))
         spec = workload_variant(spec, name=spec.name, model_latency_s=spec.batch_size / demand)
     return spec

@@ -34,7 +34,9 @@ class CpuSchedule:
         if any(int(c) < 1 for c in self.levels):
             raise ValueError(f"CpuSchedule levels must be >= 1 CPU, got {self.levels}")
         if self.length_ticks <= self.starts[-1]:
-            raise ValueError(f"CpuSchedule length {self.length_ticks} must exceed the last start {self.starts[-1]}")
+            raise ValueError(
+                f"CpuSchedule length {self.length_ticks} must exceed the last start {self.starts[-1]}"
+            )
 
     def cpus_at(self, tick: int) -> int:
         return self.levels[bisect.bisect_right(self.starts, tick) - 1]
@@ -42,7 +44,7 @@ class CpuSchedule:
     def phases(self) -> list[tuple[int, int, int]]:
         """``(start_tick, end_tick, cpus)`` for each phase within ``length_ticks``."""
         ends = list(self.starts[1:]) + [self.length_ticks]
-        return [(s, e, c) for s, e, c in zip(self.starts, ends, self.levels)]
+        return [(s, e, c) for s, e, c in zip(self.starts, ends, self.levels, strict=True)]
 
     @property
     def max_cpus(self) -> int:

@@ -49,8 +49,9 @@ class Simulator:
         if not isinstance(spec, WorkloadSpec):
             spec = load_workload(spec)
         if memory_limit_gb is not None or model_latency_s is not None:
-            spec = workload_variant(spec, name=spec.name, memory_limit_gb=memory_limit_gb,
-                                    model_latency_s=model_latency_s)
+            spec = workload_variant(
+                spec, name=spec.name, memory_limit_gb=memory_limit_gb, model_latency_s=model_latency_s
+            )
         if dt_s <= 0:
             raise ValueError(f"dt_s must be > 0, got {dt_s}")
         self.spec = spec
@@ -74,12 +75,22 @@ class Simulator:
         self.knobs: dict[str, Knob] = {}
         for i, s in enumerate(spec.stages):
             self.knobs[f"{s.name}.workers"] = Knob(
-                f"{s.name}.workers", "cpu", 1, s.max_workers,
-                get=lambda i=i: int(self._workers[i]), set=lambda v, i=i: self._set_workers(i, v))
+                f"{s.name}.workers",
+                "cpu",
+                1,
+                s.max_workers,
+                get=lambda i=i: int(self._workers[i]),
+                set=lambda v, i=i: self._set_workers(i, v),
+            )
             if s.buffer is not None:
                 self.knobs[f"{s.name}.buffer_mb"] = Knob(
-                    f"{s.name}.buffer_mb", "mb", s.buffer.min, s.buffer.max,
-                    get=lambda i=i: int(self._buffer_mb[i]), set=lambda v, i=i: self._set_buffer(i, v))
+                    f"{s.name}.buffer_mb",
+                    "mb",
+                    s.buffer.min,
+                    s.buffer.max,
+                    get=lambda i=i: int(self._buffer_mb[i]),
+                    set=lambda v, i=i: self._set_buffer(i, v),
+                )
         self._stage_names = [s.name for s in spec.stages]
         self._demand = self.params.demand
         self._ghz = spec.machine.cpu_ghz
@@ -164,7 +175,8 @@ class Simulator:
         ticks = np.arange(tick, tick + _BLOCK)[:, None]
         p = self.params
         self._mult_block = 1.0 + p.drift_amplitude * np.sin(
-            2.0 * np.pi * ticks * self.dt_s / p.drift_period_s + self._phases)
+            2.0 * np.pi * ticks * self.dt_s / p.drift_period_s + self._phases
+        )
         self._noise_block = 1.0 + self.noise * self._rng.standard_normal((_BLOCK, 2 + 3 * p.n_stages))
         np.maximum(self._noise_block, 0.0, out=self._noise_block)
 
@@ -173,7 +185,9 @@ class Simulator:
         """Noise-free steady-state rows/s of ``alloc`` (knob name -> value; missing knobs keep their
         current values) on ``cpus`` (default: now), at the current drift."""
         w, b = self._arrays(alloc)
-        return model.throughput(self.params, w, b, self.cpus if cpus is None else cpus, self.cpu_multipliers())
+        return model.throughput(
+            self.params, w, b, self.cpus if cpus is None else cpus, self.cpu_multipliers()
+        )
 
     def worst_case_memory(self, alloc: dict[str, int] | None = None) -> float:
         w, b = self._arrays(alloc)
@@ -251,19 +265,40 @@ class Simulator:
         block_w = queue_fill / np.maximum(queue_fill + upstream_empty, 1e-12)
         n = p.n_stages
         rpi = p.rows_per_item
-        items = realised / rpi * z[2:2 + n]
-        cpu_item = c * rpi / eta * z[2 + n:2 + 2 * n]
-        wall_item = w * rpi / caps * z[2 + 2 * n:]
-        stages = tuple(map(
-            StageObservation,
-            self._stage_names, self._w_list, self._b_list, items.tolist(),
-            (items * rpi).tolist(), cpu_item.tolist(), wall_item.tolist(), p.bytes_per_item.tolist(), busy.tolist(),
-            (idle * (1.0 - block_w)).tolist(), (idle * block_w).tolist(), queue_fill.tolist(), self._buffered.tolist(),
-        ))
+        items = realised / rpi * z[2 : 2 + n]
+        cpu_item = c * rpi / eta * z[2 + n : 2 + 2 * n]
+        wall_item = w * rpi / caps * z[2 + 2 * n :]
+        stages = tuple(
+            map(
+                StageObservation,
+                self._stage_names,
+                self._w_list,
+                self._b_list,
+                items.tolist(),
+                (items * rpi).tolist(),
+                cpu_item.tolist(),
+                wall_item.tolist(),
+                p.bytes_per_item.tolist(),
+                busy.tolist(),
+                (idle * (1.0 - block_w)).tolist(),
+                (idle * block_w).tolist(),
+                queue_fill.tolist(),
+                self._buffered.tolist(),
+            )
+        )
         return Observation(
-            tick=t, dt_s=self.dt_s, throughput=realised, step_time_s=p.model_latency_s, cpus=float(cpus),
-            memory_used_bytes=float(mem * z[1]), memory_limit_bytes=p.limit_bytes, stages=stages,
-            cpu_ghz=self._ghz, mem_bandwidth_gbs=self._bw, oom=False, demand=self._demand,
+            tick=t,
+            dt_s=self.dt_s,
+            throughput=realised,
+            step_time_s=p.model_latency_s,
+            cpus=float(cpus),
+            memory_used_bytes=float(mem * z[1]),
+            memory_limit_bytes=p.limit_bytes,
+            stages=stages,
+            cpu_ghz=self._ghz,
+            mem_bandwidth_gbs=self._bw,
+            oom=False,
+            demand=self._demand,
             host_memory_free_bytes=p.host_bytes - mem,
         )
 
@@ -287,10 +322,22 @@ class Simulator:
         p = self.params
         stages = tuple(
             StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0)
-            for name, w, b, bpi in zip(self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item)
+            for name, w, b, bpi in zip(
+                self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item, strict=True
+            )
         )
         return Observation(
-            tick=t, dt_s=self.dt_s, throughput=0.0, step_time_s=p.model_latency_s, cpus=float(cpus),
-            memory_used_bytes=mem, memory_limit_bytes=p.limit_bytes, stages=stages, cpu_ghz=self._ghz,
-            mem_bandwidth_gbs=self._bw, oom=oom, demand=self._demand, host_memory_free_bytes=p.host_bytes - mem,
+            tick=t,
+            dt_s=self.dt_s,
+            throughput=0.0,
+            step_time_s=p.model_latency_s,
+            cpus=float(cpus),
+            memory_used_bytes=mem,
+            memory_limit_bytes=p.limit_bytes,
+            stages=stages,
+            cpu_ghz=self._ghz,
+            mem_bandwidth_gbs=self._bw,
+            oom=oom,
+            demand=self._demand,
+            host_memory_free_bytes=p.host_bytes - mem,
         )

@@ -128,13 +128,20 @@ class WorkloadSpec:
 
 # --------------------------------------------------------------------------------------------- parsing
 
+
 def _check(cond: bool, where: str, msg: str) -> None:
     if not cond:
         raise SpecError(f"{where}: {msg}")
 
 
-def _number(value: Any, where: str, lo: float | None = 0.0, hi: float | None = None, integer: bool = False) -> Any:
-    _check(isinstance(value, (int, float)) and not isinstance(value, bool), where, f"must be a number, got {value!r}")
+def _number(
+    value: Any, where: str, lo: float | None = 0.0, hi: float | None = None, integer: bool = False
+) -> Any:
+    _check(
+        isinstance(value, (int, float)) and not isinstance(value, bool),
+        where,
+        f"must be a number, got {value!r}",
+    )
     _check(math.isfinite(value), where, f"must be finite, got {value!r}")
     if integer:
         _check(float(value).is_integer(), where, f"must be an integer, got {value!r}")
@@ -146,17 +153,38 @@ def _number(value: Any, where: str, lo: float | None = 0.0, hi: float | None = N
 
 _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     # field: (lo, hi, integer)
-    "cpu_us_per_row": (0.0, None, False), "io_us_per_row": (0.0, None, False),
-    "item_overhead_us": (0.0, None, False), "cpu_cv": (0.0, 5.0, False), "contention": (0.0, 1.0, False),
-    "gil_fraction": (0.0, 1.0, False), "copies": (0.0, 10.0, False), "bytes_per_row": (1e-3, None, False),
-    "worker_mb": (0.0, None, False), "fixed_mb": (0.0, None, False), "inflight_items": (0.0, None, False),
-    "queue_items": (1, None, True), "max_workers": (1, 4096, True),
-    "cpus": (1, 100000, True), "memory_limit_gb": (1e-3, None, False), "host_memory_gb": (1e-3, None, False),
-    "base_memory_gb": (0.0, None, False), "cpu_ghz": (0.1, 10.0, False), "mem_bandwidth_gbs": (0.01, None, False),
-    "restart_delay_s": (0.0, None, False), "oversubscription_cost": (0.0, 100.0, False),
-    "model_latency_s": (0.0, None, False), "stall_every_s": (0.0, None, False), "stall_s": (0.0, None, False), "amplitude": (0.0, 0.9, False), "period_s": (1e-3, None, False),
-    "min": (0, None, True), "max": (0, None, True), "default": (0, None, True),
-    "batch_size": (1, None, True), "chunk_rows": (1, None, True), "reference_ghz": (0.1, 10.0, False),
+    "cpu_us_per_row": (0.0, None, False),
+    "io_us_per_row": (0.0, None, False),
+    "item_overhead_us": (0.0, None, False),
+    "cpu_cv": (0.0, 5.0, False),
+    "contention": (0.0, 1.0, False),
+    "gil_fraction": (0.0, 1.0, False),
+    "copies": (0.0, 10.0, False),
+    "bytes_per_row": (1e-3, None, False),
+    "worker_mb": (0.0, None, False),
+    "fixed_mb": (0.0, None, False),
+    "inflight_items": (0.0, None, False),
+    "queue_items": (1, None, True),
+    "max_workers": (1, 4096, True),
+    "cpus": (1, 100000, True),
+    "memory_limit_gb": (1e-3, None, False),
+    "host_memory_gb": (1e-3, None, False),
+    "base_memory_gb": (0.0, None, False),
+    "cpu_ghz": (0.1, 10.0, False),
+    "mem_bandwidth_gbs": (0.01, None, False),
+    "restart_delay_s": (0.0, None, False),
+    "oversubscription_cost": (0.0, 100.0, False),
+    "model_latency_s": (0.0, None, False),
+    "stall_every_s": (0.0, None, False),
+    "stall_s": (0.0, None, False),
+    "amplitude": (0.0, 0.9, False),
+    "period_s": (1e-3, None, False),
+    "min": (0, None, True),
+    "max": (0, None, True),
+    "default": (0, None, True),
+    "batch_size": (1, None, True),
+    "chunk_rows": (1, None, True),
+    "reference_ghz": (0.1, 10.0, False),
     "demand_share": (0.0, None, False),
 }
 
@@ -180,7 +208,9 @@ def _fields(cls: type, data: Any, where: str, nested: Mapping[str, Any] | None =
 
 def _buffer(data: Any, where: str) -> BufferSpec:
     b = BufferSpec(**_fields(BufferSpec, data, where))
-    _check(b.min <= b.default <= b.max, where, f"needs min <= default <= max, got {b.min}, {b.default}, {b.max}")
+    _check(
+        b.min <= b.default <= b.max, where, f"needs min <= default <= max, got {b.min}, {b.default}, {b.max}"
+    )
     return b
 
 
@@ -192,13 +222,24 @@ def _stage(data: Any, where: str) -> StageSpec:
     _check(isinstance(data, Mapping) and "name" in data, where, "a stage needs a 'name'")
     where = f"{where} ({data['name']})"
     kw = _fields(StageSpec, data, where, {"buffer": _buffer, "drift": _drift})
-    _check(isinstance(kw["name"], str) and kw["name"] and "." not in kw["name"], f"{where}.name",
-           "must be a non-empty string without dots")
-    _check(kw.get("mode", "thread") in MODES, f"{where}.mode", f"must be one of {MODES}, got {kw.get('mode')!r}")
-    _check(not (kw.get("mode") == "process" and kw.get("gil_fraction", 0) > 0), f"{where}.gil_fraction",
-           "applies only to thread stages (process workers do not share a GIL)")
-    _check(kw.get("cpu_us_per_row", 1.0) + kw.get("io_us_per_row", 0.0) + kw.get("item_overhead_us", 0.0) > 0,
-           f"{where}.cpu_us_per_row", "a stage must cost something per row (cpu, io or item overhead)")
+    _check(
+        isinstance(kw["name"], str) and kw["name"] and "." not in kw["name"],
+        f"{where}.name",
+        "must be a non-empty string without dots",
+    )
+    _check(
+        kw.get("mode", "thread") in MODES, f"{where}.mode", f"must be one of {MODES}, got {kw.get('mode')!r}"
+    )
+    _check(
+        not (kw.get("mode") == "process" and kw.get("gil_fraction", 0) > 0),
+        f"{where}.gil_fraction",
+        "applies only to thread stages (process workers do not share a GIL)",
+    )
+    _check(
+        kw.get("cpu_us_per_row", 1.0) + kw.get("io_us_per_row", 0.0) + kw.get("item_overhead_us", 0.0) > 0,
+        f"{where}.cpu_us_per_row",
+        "a stage must cost something per row (cpu, io or item overhead)",
+    )
     return StageSpec(**kw)
 
 
@@ -245,23 +286,36 @@ def validate(spec: WorkloadSpec) -> WorkloadSpec:
     for ref_name, ref in spec.references.items():
         for key in ("workers", "buffer_mb"):
             unknown = sorted(set(getattr(ref, key)) - set(names))
-            _check(not unknown, f"{where}: references.{ref_name}.{key}", f"unknown stage(s) {unknown}; stages are {list(names)}")
+            _check(
+                not unknown,
+                f"{where}: references.{ref_name}.{key}",
+                f"unknown stage(s) {unknown}; stages are {list(names)}",
+            )
     for i, step in enumerate(spec.ladder):
         unknown = sorted(set(step) - set(names))
         _check(not unknown, f"{where}: ladder[{i}]", f"unknown stage(s) {unknown}; stages are {list(names)}")
     m = spec.machine
-    _check(m.base_memory_gb < m.memory_limit_gb, f"{where}: machine.base_memory_gb",
-           f"must be below memory_limit_gb ({m.memory_limit_gb}), got {m.base_memory_gb}")
-    _check(m.memory_limit_gb <= m.host_memory_gb, f"{where}: machine.memory_limit_gb",
-           f"must not exceed host_memory_gb ({m.host_memory_gb}), got {m.memory_limit_gb}")
+    _check(
+        m.base_memory_gb < m.memory_limit_gb,
+        f"{where}: machine.base_memory_gb",
+        f"must be below memory_limit_gb ({m.memory_limit_gb}), got {m.base_memory_gb}",
+    )
+    _check(
+        m.memory_limit_gb <= m.host_memory_gb,
+        f"{where}: machine.memory_limit_gb",
+        f"must not exceed host_memory_gb ({m.host_memory_gb}), got {m.memory_limit_gb}",
+    )
     return spec
 
 
 # ----------------------------------------------------------------------------------- loading, variants
 
+
 def list_workloads() -> list[str]:
     """Names ``load_workload`` accepts: shipped files, plus ``ladder-K`` for each ladder step."""
-    names = sorted(p.stem for p in WORKLOAD_DIR.glob("*.y*ml")) + sorted(p.stem for p in WORKLOAD_DIR.glob("*.json"))
+    names = sorted(p.stem for p in WORKLOAD_DIR.glob("*.y*ml")) + sorted(
+        p.stem for p in WORKLOAD_DIR.glob("*.json")
+    )
     extra = []
     for name in names:
         spec = _load_file(_path_of(name))
@@ -275,7 +329,9 @@ def _path_of(name: str) -> Path:
         p = WORKLOAD_DIR / f"{name}{ext}"
         if p.exists():
             return p
-    raise SpecError(f"no shipped workload {name!r}; choose one of {list_workloads()} or give a .yaml/.json path")
+    raise SpecError(
+        f"no shipped workload {name!r}; choose one of {list_workloads()} or give a .yaml/.json path"
+    )
 
 
 def _load_file(path: Path) -> WorkloadSpec:
@@ -299,7 +355,7 @@ def load_workload(name_or_path: str | Path, **overrides: Any) -> WorkloadSpec:
     if text.endswith((".yaml", ".yml", ".json")) or "/" in text:
         spec = _load_file(Path(text))
     elif text.startswith(LADDER_PREFIX):
-        spec = ladder_workload(int(text[len(LADDER_PREFIX):]))
+        spec = ladder_workload(int(text[len(LADDER_PREFIX) :]))
     else:
         spec = _load_file(_path_of(text))
     return workload_variant(spec, **overrides) if overrides else spec
@@ -311,7 +367,9 @@ def ladder_workload(n_stages: int, base: str = "ladder") -> WorkloadSpec:
     for step in spec.ladder:
         if len(step) == n_stages:
             return workload_variant(spec, stages=step, name=f"{LADDER_PREFIX}{n_stages}")
-    raise SpecError(f"{spec.source}: ladder has no step with {n_stages} stages; sizes are {[len(s) for s in spec.ladder]}")
+    raise SpecError(
+        f"{spec.source}: ladder has no step with {n_stages} stages; sizes are {[len(s) for s in spec.ladder]}"
+    )
 
 
 def workload_variant(
@@ -338,10 +396,16 @@ def workload_variant(
         consumer = dataclasses.replace(consumer, model_latency_s=float(model_latency_s))
     if stages is not None:
         unknown = sorted(set(stages) - set(spec.stage_names))
-        _check(not unknown, f"{spec.name}: stages", f"unknown stage(s) {unknown}; stages are {list(spec.stage_names)}")
+        _check(
+            not unknown,
+            f"{spec.name}: stages",
+            f"unknown stage(s) {unknown}; stages are {list(spec.stage_names)}",
+        )
         kept = tuple(s for s in spec.stages if s.name in set(stages))
     suffix = "".join(
-        f"@{k}={v}" for k, v in (("cpus", cpus), ("batch", batch_size), ("mem", memory_limit_gb)) if v is not None
+        f"@{k}={v}"
+        for k, v in (("cpus", cpus), ("batch", batch_size), ("mem", memory_limit_gb))
+        if v is not None
     )
     out = dataclasses.replace(
         spec,
