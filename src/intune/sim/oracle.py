@@ -23,7 +23,7 @@ memory of a choice with every stage rate ``>= tau`` (a min-plus convolution, exh
 compute-wanting workers are at most ``C`` and ``eta = 1``; otherwise the cap forces every ``w_i = wmin_i``).
 ``tau`` is feasible iff some ``W <= cap`` has that least memory within the budget and ``B >= tau``
 (and ``tau <= D``). Hence the bisection's lower end always holds a witness with ``T >= lo`` and its upper
-end is infeasible, so the returned allocation is optimal to the bisection's tolerance (relative 1e-12);
+end is infeasible, so the returned allocation is optimal to the bisection's tolerance (relative 1e-10);
 the tests check it against exhaustive search on small cases.
 
 It must not be used live: it reads the simulator's true model, which no real machine offers.
@@ -83,29 +83,58 @@ def _feasible(
     caps: list[np.ndarray],
     bounds: Bounds,
     cpu_cap: int,
-    cpu_bounds: np.ndarray,
+    cpu_bound: float,
     mem_budget: float,
+    fixed_rates: list[np.ndarray | None],
 ):
-    """Least-memory allocation with every stage rate >= tau and the CPU bound >= tau, or None."""
-    dp = np.zeros(1)  # dp[W] = least memory with exactly W workers so far
-    choices = []
+    """Least-memory allocation with every stage rate >= tau and the CPU bound >= tau, or None.
+
+    A stage without a buffer knob takes its least qualifying worker count (more workers only cost
+    CPUs and memory); stages with one trade workers for buffer MB, so the min-plus programme runs over
+    them only.
+    """
+    if tau > cpu_bound:
+        return None
+    w_out, b_out = np.zeros(p.n_stages, dtype=int), np.zeros(p.n_stages, dtype=int)
+    used_w, used_mem = 0, p.base_bytes + float(p.fixed_bytes.sum())
+    tradeoff = []
     for i in range(p.n_stages):
+        if p.has_buffer[i]:
+            tradeoff.append(i)
+            continue
+        j = int(np.searchsorted(fixed_rates[i], tau, side="left"))  # rates grow with workers
+        if j == len(ws[i]):
+            return None
+        w_out[i] = int(ws[i][j])
+        used_w += w_out[i]
+        used_mem += w_out[i] * p.worker_bytes[i] + p.queue_items[i] * p.bytes_per_item[i]
+    room = cpu_cap - used_w
+    if room < 0 or used_mem > mem_budget:
+        return None
+    if len(tradeoff) == 1:  # the common case: one buffer knob, no programme needed
+        i = tradeoff[0]
         b, mem = _stage_options(p, i, tau, ws[i], caps[i], int(bounds.b_min[i]), int(bounds.b_max[i]))
-        size = min(cpu_cap, len(dp) - 1 + int(ws[i][-1])) + 1
+        ok = np.flatnonzero((ws[i] <= room) & (mem + used_mem <= mem_budget))
+        if len(ok) == 0:
+            return None
+        w_out[i], b_out[i] = int(ws[i][ok[0]]), int(b[ok[0]])
+        return w_out, b_out
+    dp = np.zeros(1)  # dp[W] = least memory with exactly W workers in the stages so far
+    choices = []
+    for i in tradeoff:
+        b, mem = _stage_options(p, i, tau, ws[i], caps[i], int(bounds.b_min[i]), int(bounds.b_max[i]))
+        size = min(room, len(dp) - 1 + int(ws[i][-1])) + 1
         src = np.arange(size)[:, None] - ws[i][None, :].astype(int)  # W_before = W - w
         valid = (src >= 0) & (src < len(dp))
         total = np.where(valid, dp[np.clip(src, 0, len(dp) - 1)] + mem[None, :], np.inf)
         k = np.argmin(total, axis=1)
         dp = total[np.arange(size), k]
-        choices.append((k, b))
-    fixed = p.base_bytes + p.fixed_bytes.sum()
-    ok = np.flatnonzero((dp + fixed <= mem_budget) & (cpu_bounds[: len(dp)] >= tau))
+        choices.append((i, k, b))
+    ok = np.flatnonzero(dp + used_mem <= mem_budget)
     if len(ok) == 0:
         return None
     total_w = int(ok[0])  # fewest workers among the witnesses
-    w_out, b_out = np.zeros(p.n_stages, dtype=int), np.zeros(p.n_stages, dtype=int)
-    for i in range(p.n_stages - 1, -1, -1):
-        k, b = choices[i]
+    for i, k, b in reversed(choices):
         j = int(k[total_w])
         w_out[i], b_out[i] = int(ws[i][j]), int(b[j])
         total_w -= w_out[i]
@@ -140,28 +169,32 @@ def optimal_allocation(
     bound = (
         model.cpu_bound(p, bounds.w_min, cpus, mult) if busy else cpus / float(np.sum(p.cpu_s_per_row * mult))
     )
-    cpu_bounds = np.full(cpu_cap + 1, bound)
+    # stages without a buffer knob: rate by worker count, non-decreasing (searched by bisection)
+    fixed_rates = [
+        None if p.has_buffer[i] else np.maximum.accumulate(caps[i] * model.buffer_factor(_one(p, i), [0])[0])
+        for i in range(n)
+    ]
     b_best = np.where(p.has_buffer, bounds.b_max, 0)
     hi = min(
-        float(cpu_bounds.max()),
+        float(bound),
         min(float(caps[i][-1] * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0]) for i in range(n)),
     )
     if p.demand > 0:
         hi = min(hi, p.demand)
-    found = _feasible(p, hi, ws, caps, bounds, cpu_cap, cpu_bounds, budget)
+    found = _feasible(p, hi, ws, caps, bounds, cpu_cap, bound, budget, fixed_rates)
     if found is None:
-        lo, found = 0.0, _feasible(p, 0.0, ws, caps, bounds, cpu_cap, cpu_bounds, budget)
+        lo, found = 0.0, _feasible(p, 0.0, ws, caps, bounds, cpu_cap, bound, budget, fixed_rates)
         if found is None:
             w0, b0 = bounds.w_min.astype(int), np.where(p.has_buffer, bounds.b_min, 0).astype(int)
             return w0, b0, model.throughput(p, w0, b0, cpus, mult)
         for _ in range(_BISECTIONS):
             mid = 0.5 * (lo + hi)
-            got = _feasible(p, mid, ws, caps, bounds, cpu_cap, cpu_bounds, budget)
+            got = _feasible(p, mid, ws, caps, bounds, cpu_cap, bound, budget, fixed_rates)
             if got is None:
                 hi = mid
             else:
                 lo, found = mid, got
-            if hi - lo <= 1e-12 * hi:
+            if hi - lo <= 1e-10 * hi:
                 break
     w, b = found
     return w, b, model.throughput(p, w, b, cpus, mult)
