@@ -6,13 +6,16 @@ IKJT-carrying chunk map function), ``GroupUDF`` (a group's UDF on unique rows), 
 the dedup-aware ``SessionDLRM`` in ``intune.recd.model`` (imported lazily: it needs torch).
 """
 
+from intune.recd._chunks import ListsToJagged
 from intune.recd.dedup import DedupTransform, GroupUDF, build_ikjt, dedup_transform
 from intune.recd.ikjt import IKJT
-from intune.recd.session_shuffle import session_permutation, shuffle_sessions
+from intune.recd.session_shuffle import SessionShuffleBuffer, session_permutation, shuffle_sessions
 from intune.recd.sessions import read_session_chunks, write_session_dataset
 
 __all__ = [
     "IKJT",
+    "ListsToJagged",
+    "SessionShuffleBuffer",
     "DedupTransform",
     "GroupUDF",
     "build_ikjt",

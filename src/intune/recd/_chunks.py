@@ -86,3 +86,26 @@ def rebatch(chunks, batch_size: int, drop_last: bool = False):
         held -= start
     if held and not drop_last:
         yield concat_chunks(pending)
+
+
+class ListsToJagged:
+    """Chunk -> chunk: object columns holding one array per row become ``.values`` / ``.lengths``.
+
+    The engine's Parquet reader hands list columns over as object arrays (one array per row) and keeps
+    columns equal-length until ``batch``; this map, placed after ``batch``, turns them into the jagged
+    pair that the dedup transform and the model read. ``names=None`` converts every object column.
+    """
+
+    def __init__(self, names: Sequence[str] | None = None):
+        self.names = None if names is None else list(names)
+
+    def __call__(self, chunk: Chunk) -> Chunk:
+        names = self.names if self.names is not None else [n for n, c in chunk.items() if c.dtype == object]
+        out = dict(chunk)
+        for name in names:
+            if name not in chunk:
+                raise ValueError(f"list column {name!r} is not in the batch; columns: {sorted(chunk)}")
+            rows = [np.asarray(x) for x in out.pop(name)]
+            out[name + ".lengths"] = np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=len(rows))
+            out[name + ".values"] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        return out
