@@ -133,7 +133,19 @@ def test_memory_counts_base_fixed_workers_inflight_and_buffers():
 
 
 def test_queue_fill_upstream_of_bottleneck_is_full():
-    fill = model.queue_fill_target(np.array([10.0, 1.0, 10.0]), demand=0.0)
+    fill = model.queue_fill_target(np.array([10.0, 1.0, 10.0]), demand=0.0, capacity_items=100.0)
     assert fill[0] > 0.99 and fill[1] < 0.01 and fill[2] == 0.0
-    fill = model.queue_fill_target(np.array([10.0, 10.0]), demand=1.0)  # the consumer is the bottleneck
+    fill = model.queue_fill_target(np.array([10.0, 10.0]), demand=1.0, capacity_items=100.0)  # consumer-bound
     assert fill.min() > 0.99
+    # a faster consumer keeps a big buffer nearly empty: rho = 0.9 holds about 9 items of 10,000
+    fill = model.queue_fill_target(np.array([9.0]), demand=10.0, capacity_items=10_000.0)
+    assert fill[0] * 10_000 == pytest.approx(9.0)
+
+
+def test_mm1k_occupancy_by_hand():
+    # rho = 0.5, K = 2: (0 * 1 + 1 * 0.5 + 2 * 0.25) / 1.75
+    assert model.mm1k_occupancy(0.5, 2.0) == pytest.approx(1.0 / 1.75)
+    # rho = 2, K = 2: (0 + 2 + 8) / 7
+    assert model.mm1k_occupancy(2.0, 2.0) == pytest.approx(10.0 / 7.0)
+    assert model.mm1k_occupancy(1.0, 6.0) == pytest.approx(3.0)
+    assert model.mm1k_occupancy(1e6, 5.0) == pytest.approx(5.0, abs=1e-4)

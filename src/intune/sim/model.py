@@ -27,6 +27,7 @@ workers fit in the CPUs. It must not hold state, draw noise or know about ticks:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,6 @@ from intune.sim.spec import WorkloadSpec
 
 MB = 1 << 20
 GB = 1 << 30
-FILL_SHARPNESS = 8.0  # how sharply a queue fills as its upstream outpaces its downstream
 DEFAULT_WORKER_MB = {"thread": 8.0, "process": 120.0}
 
 
@@ -177,21 +177,49 @@ def throughput(p: ModelParams, workers, buffer_mb, cpus: float, cpu_mult: np.nda
     return min(t, p.demand) if p.demand > 0 else t
 
 
-def queue_fill_target(rates: np.ndarray, demand: float) -> np.ndarray:
-    """Steady fill of each output queue: full when everything upstream outpaces everything downstream.
+def mm1k_occupancy(rho: float, k: float) -> float:
+    """Mean items in an M/M/1/K queue with load ``rho`` = arrival rate / service rate and room ``k``.
 
-    ``x = min(rates[:i+1]) / min(rates[i+1:], demand)``; fill ``x^k / (1 + x^k)`` (half full when equal).
+    ``sum n rho^n / sum rho^n`` over ``n = 0..k``: ``rho / (1 - rho) - (k + 1) rho^(k+1) / (1 - rho^(k+1))``
+    for ``rho < 1``, ``k - occupancy(1 / rho)`` for ``rho > 1`` (the same queue seen from the other end),
+    ``k / 2`` at ``rho = 1``. Plain floats: it runs per stage per tick, where numpy's call overhead dominates.
     """
-    up = np.minimum.accumulate(rates)
-    down = np.empty_like(rates)
-    down[-1] = demand if demand > 0 else np.inf
-    if len(rates) > 1:
-        down[:-1] = np.minimum.accumulate(rates[:0:-1])[::-1]
-        if demand > 0:
-            down[:-1] = np.minimum(down[:-1], demand)
-    x = np.where(np.isinf(down), 0.0, up / np.where(np.isinf(down), 1.0, down))
-    xk = x**FILL_SHARPNESS
-    return xk / (1.0 + xk)
+    if rho > 1.0:
+        return k - mm1k_occupancy(1.0 / rho, k)
+    if abs(1.0 - rho) < 1e-9:
+        return k / 2.0
+    if rho <= 0.0:
+        return 0.0
+    tail = math.exp((k + 1.0) * math.log(rho))  # rho ** (k + 1), underflowing quietly to 0
+    return min(k, max(0.0, rho / (1.0 - rho) - (k + 1.0) * tail / (1.0 - tail)))
+
+
+def queue_fill_target(
+    rates: np.ndarray, demand: float, capacity_items: np.ndarray | float = 2.0
+) -> np.ndarray:
+    """Steady fill (share of capacity) of each stage's output queue.
+
+    The queue after stage ``i`` is fed at ``up = min(rates[:i+1])`` and drained at
+    ``down = min(rates[i+1:], demand)`` (an unbounded consumer drains the last one at once); its mean
+    occupancy is the M/M/1/K one with ``rho = up / down`` and ``K = capacity_items``: nearly full when
+    everything upstream outpaces everything downstream, half full when they match, a few items when the
+    downstream is faster (however big the buffer).
+    """
+    r = rates.tolist()
+    n = len(r)
+    ks = np.broadcast_to(np.asarray(capacity_items, dtype=float), (n,)).tolist()
+    down = [0.0] * n
+    low = demand if demand > 0 else math.inf
+    for i in range(n - 1, -1, -1):
+        down[i] = low
+        low = min(low, r[i])
+    fill = [0.0] * n
+    up = math.inf
+    for i in range(n):
+        up = min(up, r[i])
+        k = max(ks[i], 1.0)
+        fill[i] = 0.0 if math.isinf(down[i]) else mm1k_occupancy(up / down[i], k) / k
+    return np.array(fill)
 
 
 # ---------------------------------------------------------------------------------------------- memory

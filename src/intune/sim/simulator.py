@@ -213,7 +213,8 @@ class Simulator:
         w = self._workers
         if self._alloc_changed:  # what depends only on the knobs: once per change, not per tick
             self._factor = model.buffer_factor(p, self._buffer_mb)
-            self._cap_bytes = model.buffer_capacity_bytes(p, self._buffer_mb)
+            self._cap_bytes = np.maximum(model.buffer_capacity_bytes(p, self._buffer_mb), 1.0)  # 0 MB allowed
+            self._cap_items = self._cap_bytes / p.bytes_per_item
             self._eff = model.effective_workers(w, p.contention)
             self._compute_w = model.compute_workers(p, w)
             self._static_mem = p.base_bytes + float(p.fixed_bytes.sum()) + float(np.dot(w, p.worker_bytes))
@@ -243,7 +244,7 @@ class Simulator:
             room = self._cap_bytes - self._buffered
             self._buffered += np.minimum(room, T * self.dt_s * self._bytes_per_row)
         else:  # toward the steady fill, but no faster than the pipeline moves bytes
-            fill = model.queue_fill_target(rates, self._demand)
+            fill = model.queue_fill_target(rates, self._demand, self._cap_items)
             step = self._alpha * (fill * self._cap_bytes - self._buffered)
             limit = T * self.dt_s * self._bytes_per_row
             self._buffered += np.clip(step, -limit, limit)
