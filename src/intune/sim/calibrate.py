@@ -15,6 +15,7 @@ import argparse
 import itertools
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds after a resize before measuring")
     parser.add_argument("--rounds", type=int, default=2, help="passes over all allocations (median rows/s)")
     parser.add_argument("--json", metavar="PATH", help="write the table here")
+    parser.add_argument("--spec", metavar="PATH", help="write the fitted pipeline as a workload spec (YAML)")
 
 
 def _measure(pipe, it, seconds: float, warmup: float) -> dict[str, Any]:
@@ -82,6 +84,12 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _spec(fit: dict[str, dict[str, float]], contention: float, oversub: float, cpus: int):
+    return spec_from_dict(_spec_dict(fit, contention, oversub, cpus), source="calibration")
+
+
+def _spec_dict(
+    fit: dict[str, dict[str, float]], contention: float, oversub: float, cpus: int
+) -> dict[str, Any]:
     stages = []
     for name, mode in (("read", "thread"), ("burn", "process"), ("wait", "thread")):
         f = fit[name]
@@ -89,21 +97,20 @@ def _spec(fit: dict[str, dict[str, float]], contention: float, oversub: float, c
             {
                 "name": name,
                 "mode": mode,
-                "cpu_us_per_row": f["cpu"] * 1e6,
-                "io_us_per_row": f["io"] * 1e6,
-                "contention": contention if name == "burn" else 0.0,
+                "cpu_us_per_row": float(f["cpu"] * 1e6),
+                "io_us_per_row": float(f["io"] * 1e6),
+                "contention": float(contention) if name == "burn" else 0.0,
                 "max_workers": 64,
             }
         )
-    return spec_from_dict(
-        {
-            "name": "calibration",
-            "chunk_rows": CHUNK_ROWS,
-            "batch_size": CHUNK_ROWS,
-            "machine": {"cpus": cpus, "oversubscription_cost": oversub},
-            "stages": stages,
-        }
-    )
+    return {
+        "name": "calibration",
+        "description": "the calibration pipeline as fitted on this machine by `intune sim calibrate`",
+        "chunk_rows": CHUNK_ROWS,
+        "batch_size": CHUNK_ROWS,
+        "machine": {"cpus": int(cpus), "oversubscription_cost": float(oversub)},
+        "stages": stages,
+    }
 
 
 def predict(fit, contention: float, oversub: float, cpus: int, alloc: tuple[int, int]) -> float:
@@ -175,4 +182,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{ok}/{len(rows)} held-out configurations within +-20% (target: >= 8/10)")
     if args.json:
         write_json(args.json, rows, fit=fit, contention=best[0], oversubscription_cost=best[1], cpus=cpus)
+    if args.spec:
+        import yaml
+
+        Path(args.spec).write_text(yaml.safe_dump(_spec_dict(fit, best[0], best[1], cpus), sort_keys=False))
+        print(f"wrote {args.spec} (simulate it: intune bench sim --workload {args.spec})")
     return 0 if ok >= 8 else 1
