@@ -207,7 +207,10 @@ def queue_fill_target(
     """
     r = rates.tolist()
     n = len(r)
-    ks = np.broadcast_to(np.asarray(capacity_items, dtype=float), (n,)).tolist()
+    if isinstance(capacity_items, (int, float)):
+        ks = [float(capacity_items)] * n
+    else:
+        ks = capacity_items.tolist() if isinstance(capacity_items, np.ndarray) else list(capacity_items)
     down = [0.0] * n
     low = demand if demand > 0 else math.inf
     for i in range(n - 1, -1, -1):

@@ -22,6 +22,7 @@ from intune.sim.schedule import CpuSchedule, constant_schedule
 from intune.sim.spec import WorkloadSpec, load_workload, workload_variant
 
 _BLOCK = 512  # ticks of drift and noise drawn at once
+_FILL_EVERY = 4  # ticks between recomputations of the queues' steady fill (drift moves it slowly)
 
 
 class Simulator:
@@ -155,6 +156,7 @@ class Simulator:
         self._tick = 0
         self._down_until = 0
         self._alloc_changed = True
+        self._fill_due, self._fill_cpus = 0, -1
         self.ooms = 0
         self._block_start = -_BLOCK  # forces a draw
         return self._advance(0)
@@ -214,7 +216,8 @@ class Simulator:
         if self._alloc_changed:  # what depends only on the knobs: once per change, not per tick
             self._factor = model.buffer_factor(p, self._buffer_mb)
             self._cap_bytes = np.maximum(model.buffer_capacity_bytes(p, self._buffer_mb), 1.0)  # 0 MB allowed
-            self._cap_items = self._cap_bytes / p.bytes_per_item
+            self._cap_items = (self._cap_bytes / p.bytes_per_item).tolist()
+            self._fill_due = 0  # recompute the queues' steady fill now
             self._eff = model.effective_workers(w, p.contention)
             self._compute_w = model.compute_workers(p, w)
             self._static_mem = p.base_bytes + float(p.fixed_bytes.sum()) + float(np.dot(w, p.worker_bytes))
@@ -244,7 +247,10 @@ class Simulator:
             room = self._cap_bytes - self._buffered
             self._buffered += np.minimum(room, T * self.dt_s * self._bytes_per_row)
         else:  # toward the steady fill, but no faster than the pipeline moves bytes
-            fill = model.queue_fill_target(rates, self._demand, self._cap_items)
+            if self._fill_due <= t or cpus != self._fill_cpus:  # targets move slowly: every few ticks
+                self._fill = model.queue_fill_target(rates, self._demand, self._cap_items)
+                self._fill_due, self._fill_cpus = t + _FILL_EVERY, cpus
+            fill = self._fill
             step = self._alpha * (fill * self._cap_bytes - self._buffered)
             limit = T * self.dt_s * self._bytes_per_row
             self._buffered += np.clip(step, -limit, limit)
