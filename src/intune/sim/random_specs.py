@@ -66,7 +66,9 @@ def random_workload(
         process = kind in ("map", "udf", "batch") and rng.random() < 0.5
         gil = 0.0
         if not process and kind != "read":
-            gil = rng.uniform(0.5, 1.0) if rng.random() < 0.3 else rng.uniform(0.0, 0.2)
+            gil = rng.uniform(0.0, 0.2)
+            if rng.random() < 0.15:  # a pure-Python thread stage: cheap, or it caps the whole pipeline
+                gil, latency = rng.uniform(0.5, 1.0), latency * 0.3
         has_buffer = kind == "prefetch" or rng.random() < 0.2
         buf = None
         if has_buffer:
