@@ -104,3 +104,13 @@ def test_the_docs_example_is_a_valid_spec():
     example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
     spec = spec_from_dict(yaml.safe_load(example), source="docs/workloads.md")
     assert spec.stage_names == ("read", "udf", "prefetch")
+
+
+def test_variant_names_load_back():
+    spec = load_workload("production", cpus=64, memory_limit_gb=48)
+    assert spec.name == "production@cpus=64@mem=48"
+    again = load_workload(spec.name)
+    assert again.machine == spec.machine and again.stages == spec.stages
+    assert load_workload("production@latency=0").consumer.model_latency_s == 0.0
+    with pytest.raises(SpecError, match="unknown variant 'foo=1'"):
+        load_workload("production@foo=1")

@@ -347,13 +347,27 @@ def _load_file(path: Path) -> WorkloadSpec:
 
 
 def load_workload(name_or_path: str | Path, **overrides: Any) -> WorkloadSpec:
-    """A shipped workload by name (``criteo``, ``production``, ``ladder-5``...) or a .yaml/.json path.
+    """A shipped workload by name (``criteo``, ``production``, ``ladder-5``, a variant's name such as
+    ``production@mem=48@cpus=64``) or a .yaml/.json path.
 
     ``overrides`` go to ``workload_variant`` (``cpus=``, ``batch_size=``, ``memory_limit_gb=``...).
     """
     text = str(name_or_path)
     if text.endswith((".yaml", ".yml", ".json")) or "/" in text:
         spec = _load_file(Path(text))
+    elif "@" in text:  # a variant's name, e.g. "production@mem=48@cpus=64"
+        base, *parts = text.split("@")
+        keys = {"cpus": "cpus", "batch": "batch_size", "mem": "memory_limit_gb", "latency": "model_latency_s"}
+        params: dict[str, Any] = {}
+        for part in parts:
+            key, _, value = part.partition("=")
+            _check(
+                key in keys and value != "",
+                f"workload {text!r}",
+                f"unknown variant {part!r}; use {sorted(keys)}",
+            )
+            params[keys[key]] = float(value) if key in ("mem", "latency") else int(value)
+        spec = workload_variant(load_workload(base), **params)
     elif text.startswith(LADDER_PREFIX):
         spec = ladder_workload(int(text[len(LADDER_PREFIX) :]))
     else:
@@ -402,9 +416,14 @@ def workload_variant(
             f"unknown stage(s) {unknown}; stages are {list(spec.stage_names)}",
         )
         kept = tuple(s for s in spec.stages if s.name in set(stages))
-    suffix = "".join(
-        f"@{k}={v}"
-        for k, v in (("cpus", cpus), ("batch", batch_size), ("mem", memory_limit_gb))
+    suffix = "".join(  # a name that load_workload() reads back
+        f"@{k}={v:g}"
+        for k, v in (
+            ("cpus", cpus),
+            ("batch", batch_size),
+            ("mem", memory_limit_gb),
+            ("latency", model_latency_s),
+        )
         if v is not None
     )
     out = dataclasses.replace(
