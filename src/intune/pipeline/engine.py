@@ -205,7 +205,8 @@ class Pipeline:
         self._lock = threading.RLock()
         self._consumer = _ConsumerStats()
         self._add(ReadStage(source, name, self.max_workers))
-        self._finalizer = weakref.finalize(self, Pipeline._close_stages, self._stages)  # same list, grows
+        self._running = _Running(self._stages)
+        self._finalizer = weakref.finalize(self, self._running.shutdown)  # at exit or when collected
 
     # ---- sources ---------------------------------------------------------------------------------
     @classmethod
@@ -369,7 +370,7 @@ class Pipeline:
                 self._end_epoch(self._epoch)
             epoch = Epoch(self._epochs, self.label, self.deterministic)
             self._epochs += 1
-            self._epoch = epoch
+            self._epoch = self._running.epoch = epoch
             channel: Channel | None = None
             try:
                 for stage in self._stages:
@@ -416,3 +417,18 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return f"Pipeline({' -> '.join(self.stage_names())})"
+
+
+class _Running:
+    """What the finalizer needs to shut a pipeline down without holding the pipeline itself."""
+
+    def __init__(self, stages: list[Stage]) -> None:
+        self.stages = stages  # the pipeline's own list: stages added later are included
+        self.epoch: Epoch | None = None
+
+    def shutdown(self) -> None:
+        """Stop the epoch first (so no worker restarts a child), then end the workers."""
+        if self.epoch is not None:
+            self.epoch.halt()
+        for stage in self.stages:
+            stage.close()

@@ -116,6 +116,7 @@ class ProcessWorker:
         self._life = threading.Lock()  # kill() may come from the pool thread and from close() at once
         self._task = 0
         self._generation = 0
+        self._closed = False
 
     @property
     def shm_bytes(self) -> int:
@@ -135,6 +136,8 @@ class ProcessWorker:
         return f"intune-{os.getpid()}-{self._label}-g{self._generation}"
 
     def start(self) -> None:
+        if self._closed:
+            raise Stopped  # closed: no child may start any more (a pool thread racing with close)
         self._generation += 1
         parent, child = socket.socketpair()
         env = dict(os.environ)
@@ -259,6 +262,7 @@ class ProcessWorker:
         shm.remove_prefix(f"intune-{os.getpid()}-{self._label}-g{self._generation}-")
 
     def close(self) -> None:
+        self._closed = True
         self.kill()
         for segment in self._inputs:
             segment.close()
