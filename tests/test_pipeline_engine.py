@@ -8,6 +8,7 @@ import pytest
 
 import intune
 from _exactly_once import assert_exactly_once, assert_same_order, delivered_ids
+from intune.pipeline import SourceError
 from intune.pipeline.metrics import PipelineMetrics
 
 
@@ -214,3 +215,14 @@ def test_closure_udf_runs_in_a_process_worker():
     with intune.Pipeline.from_iterable(chunks(500)).map(affine, mode="process").batch(500) as pipe:
         (batch,) = list(pipe)
     np.testing.assert_allclose(batch["f"], np.arange(500) * 3.0 + 1.0)
+
+
+def test_a_one_shot_iterator_source_says_so_on_the_second_epoch():
+    pipe = intune.Pipeline.from_iterable(c for c in chunks(300))
+    with pipe:
+        assert_exactly_once(delivered_ids(pipe), range(300))
+        with pytest.raises(SourceError, match="one-shot iterator .* callable"):
+            list(pipe)
+    with intune.Pipeline.from_iterable(lambda: (c for c in chunks(300))) as pipe:
+        assert_exactly_once(delivered_ids(pipe), range(300))
+        assert_exactly_once(delivered_ids(pipe), range(300))

@@ -217,7 +217,14 @@ class Pipeline:
         chunk_rows: int = 8192,
         **options: Any,
     ) -> Pipeline:
-        """Parquet files (a glob or paths), read a row group per unit in chunks of <= ``chunk_rows``."""
+        """Parquet files (a glob or paths), read a row group per unit in chunks of <= ``chunk_rows``.
+
+        Files are read in sorted-glob / given order; a chunk never spans two row groups. Columns come
+        as pyarrow converts them to numpy: numeric columns with nulls become float with NaN, string
+        columns become object arrays (which process workers have to pickle: slow). A missing file
+        raises ``FileNotFoundError`` here; an unreadable one ``SourceError`` naming it when read.
+        Options: ``deterministic``, ``max_workers``, ``max_mb`` (see ``Pipeline``).
+        """
         chunk_rows = check_int("chunk_rows", chunk_rows, 1)
         return cls(ParquetSource(expand_paths(glob_or_paths), columns, chunk_rows), **options)
 
@@ -269,7 +276,9 @@ class Pipeline:
     ) -> Pipeline:
         """Apply ``fn`` (chunk -> chunk) in ``thread`` or ``process`` workers (``<name>.workers``).
 
-        A map placed after ``batch`` may change column lengths (e.g. deduplication); rows are still
+        Threads suit code that releases the GIL (numpy, pyarrow); processes suit pure-Python code.
+        In process mode ``fn`` is sent with cloudpickle (closures work) and chunks travel through
+        shared memory in ``/dev/shm`` (Linux). A map placed after ``batch`` may change column lengths (e.g. deduplication); rows are still
         counted as the source rows the chunk came from. ``on_error="skip"`` drops a failing chunk and
         counts it in the stage's ``skipped`` metric.
         """

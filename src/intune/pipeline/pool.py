@@ -114,6 +114,7 @@ class PoolRun:
                     return
                 seq, item = got
                 reserved = False
+                stats.held_bytes = item.nbytes
                 c0 = time.thread_time()
                 results = self._process(index, item, stats)
                 stats.cpu_s += time.thread_time() - c0
@@ -122,10 +123,13 @@ class PoolRun:
                 for r in results:
                     stats.rows += r.rows
                 self._out.put_at(seq, results)
+                stats.held_bytes = 0
         except Stopped:
             return
         except BaseException as exc:  # noqa: BLE001 - reported to the consumer
             self._fail(exc)
+        finally:
+            stats.held_bytes = 0
 
     def join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -206,6 +210,7 @@ class ProcessPoolRun(PoolRun):
                         worker = self._worker_for(index)
                     worker.submit(got[1].chunk)
                     pending.append(got)
+                    stats.held_bytes += got[1].nbytes
                 t1 = clock()
                 if not pending:
                     stats.starved_s += t1 - t0
@@ -226,6 +231,7 @@ class ProcessPoolRun(PoolRun):
                     worker.restart()
                     continue
                 pending.popleft()
+                stats.held_bytes -= item.nbytes
                 stats.busy_s += clock() - t1
                 stats.items += len(results)
                 for r in results:
@@ -236,6 +242,7 @@ class ProcessPoolRun(PoolRun):
         except BaseException as exc:  # noqa: BLE001 - reported to the consumer
             self._fail(exc)
         finally:
+            stats.held_bytes = 0
             if worker is not None and worker.in_flight:
                 worker.kill()  # chunks abandoned by a stopped epoch must not reach the next one
 

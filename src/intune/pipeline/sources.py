@@ -153,9 +153,17 @@ class IterableSource(Source):
     def __init__(self, chunks: Iterable[Any] | Callable[[], Iterable[Any]], name: str) -> None:
         self._chunks = chunks
         self.name = name
+        self._epochs = 0
 
     def stream(self) -> Iterator[Item]:
         produced = self._chunks() if callable(self._chunks) else self._chunks
+        if produced is self._chunks and iter(produced) is produced:  # a one-shot iterator
+            if self._epochs:
+                raise SourceError(
+                    f"source {self.name!r} is a one-shot iterator and was used up by epoch 0; pass a "
+                    "list or a callable that returns a fresh iterable for every epoch"
+                )
+        self._epochs += 1
         first = 0
         for index, chunk in enumerate(produced):
             chunk = validate_chunk(chunk, f"source {self.name!r} chunk #{index}")

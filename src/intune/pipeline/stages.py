@@ -94,7 +94,9 @@ class Stage:
             queue_len=out.items if out is not None else 0,
             queue_capacity=self.queue_capacity(),
             queue_fill=self.queue_fill(),
-            buffered_bytes=(out.bytes if out is not None else 0) + self.internal_bytes(),
+            buffered_bytes=(out.bytes if out is not None else 0)
+            + self.internal_bytes()
+            + int(t["held_bytes"]),
             skipped=int(t["skipped"]),
             restarts=int(t["restarts"]),
         )

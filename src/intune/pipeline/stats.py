@@ -1,7 +1,7 @@
 """Per-worker counters of a stage, summed into a snapshot without locks.
 
 Owns the cumulative counters behind ``StageMetrics`` (items, rows, CPU, busy, starved, blocked,
-skipped, restarts). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
+skipped, restarts) and one gauge (bytes a worker holds in hand). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
 lock and a snapshot is a cheap sum. It must not compute rates.
 """
 
@@ -20,12 +20,23 @@ class WorkerStats:
     blocked_s: float = 0.0
     skipped: int = 0
     restarts: int = 0
+    held_bytes: int = 0  # gauge: bytes of the chunks this worker has taken and not yet delivered
 
 
 class StageStats:
     """All workers' counters of one stage, kept for the pipeline's life (across epochs)."""
 
-    FIELDS = ("items", "rows", "cpu_s", "busy_s", "starved_s", "blocked_s", "skipped", "restarts")
+    FIELDS = (
+        "items",
+        "rows",
+        "cpu_s",
+        "busy_s",
+        "starved_s",
+        "blocked_s",
+        "skipped",
+        "restarts",
+        "held_bytes",
+    )
 
     def __init__(self) -> None:
         self._workers: list[WorkerStats] = []
