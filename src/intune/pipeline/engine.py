@@ -396,6 +396,8 @@ class Pipeline:
         with self._lock:
             if self._epoch is epoch:
                 self._epoch = None
+                for stage in self._stages:
+                    stage.detach()
 
     def close(self) -> None:
         """Stop the epoch in flight and end every worker process (returns within a few seconds)."""

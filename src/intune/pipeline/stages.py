@@ -101,6 +101,12 @@ class Stage:
             restarts=int(t["restarts"]),
         )
 
+    def detach(self) -> None:
+        """Forget the ended epoch's channel and buffers (so their memory goes, and metrics say 0)."""
+        for attr in ("_out", "_run", "_buffer", "_batcher"):
+            if getattr(self, attr, None) is not None:
+                setattr(self, attr, None)
+
     def close(self) -> None:
         """Release what outlives an epoch (process workers)."""
 
