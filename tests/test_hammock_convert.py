@@ -82,6 +82,21 @@ def test_xgboost_matches_including_float32_rounding():
             np.testing.assert_allclose(net.predict(X), model.predict(X), rtol=0, atol=1e-6)
 
 
+def test_early_stopped_boosters_convert_up_to_their_best_iteration():
+    xgb = pytest.importorskip("xgboost")
+    lgb = pytest.importorskip("lightgbm")
+    Xtr, Xte, y, _, _ = _data(7)
+    model = xgb.XGBClassifier(n_estimators=300, learning_rate=0.5, early_stopping_rounds=3, n_jobs=1)
+    model.fit(Xtr[:400], y[:400], eval_set=[(Xtr[400:], y[400:])], verbose=False)
+    assert model.best_iteration < 299
+    net = from_trees(model)
+    np.testing.assert_allclose(net.predict_raw(Xte), model.predict(Xte, output_margin=True), rtol=0, atol=1e-6)
+    gbm = lgb.LGBMClassifier(n_estimators=300, learning_rate=0.5, verbose=-1, n_jobs=1)
+    gbm.fit(Xtr[:400], y[:400], eval_set=[(Xtr[400:], y[400:])], callbacks=[lgb.early_stopping(3, verbose=False)])
+    assert gbm.best_iteration_ < 300
+    np.testing.assert_allclose(from_trees(gbm).predict_raw(Xte), gbm.predict(Xte, raw_score=True), rtol=0, atol=1e-6)
+
+
 def test_sklearn_hist_gradient_boosting_and_forests_match():
     ens = pytest.importorskip("sklearn.ensemble")
     Xtr, Xte, y, y3, yr = _data(3)

@@ -255,9 +255,8 @@ def verdicts(summary: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from threadpoolctl import threadpool_limits
-
     import torch
+    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(1)
     repeats = 1 if args.quick else args.repeats
@@ -280,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
             reps = large_repeats if n_rows and n_rows > 20_000 else repeats
             log(f"{label}: {X.shape[0]} rows x {X.shape[1]} features, {task}, {reps}x5-fold")
             per_fold += _run_dataset(label, X, y, task, models, reps, log)
+            if args.json:  # keep what is done if a long run is cut short
+                write_json(args.json, summarise(per_fold), per_fold=per_fold, partial=True)
     summary = summarise(per_fold)
     verdict = verdicts(summary)
     criteo_rows = args.criteo_rows if args.criteo_rows is not None else (100_000 if args.quick else 400_000)
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {key}: {value}")
     print(f"total {time.perf_counter() - started:.0f} s")
     if args.json:
-        write_json(args.json, summary, per_fold=per_fold, verdicts=verdict,
+        write_json(args.json, summary, per_fold=per_fold, verdicts=verdict, partial=False,
                    config={"quick": args.quick, "repeats": repeats, "large_repeats": large_repeats, "rows": sizes,
                            "models": models, "threads": 1})
     return 0

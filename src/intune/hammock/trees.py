@@ -188,6 +188,17 @@ def _xgb_base_margin(base_score: np.ndarray, objective: str) -> np.ndarray:
     return base
 
 
+def _xgb_node(tree: dict, i: int, output: int, n_out: int) -> tuple:
+    """Node ``i`` of an XGBoost JSON tree as a nested (kind, payload) tuple; leaves feed ``output``."""
+    if tree["left_children"][i] == -1:
+        value = np.zeros(n_out)
+        value[output] = float(np.float32(tree["split_conditions"][i]))
+        return ("leaf", value)
+    split = Split(int(tree["split_indices"][i]), float(np.float32(tree["split_conditions"][i])), bool(tree["default_left"][i]))
+    left = _xgb_node(tree, tree["left_children"][i], output, n_out)
+    return ("split", (split, left, _xgb_node(tree, tree["right_children"][i], output, n_out)))
+
+
 def from_xgboost(model: Any) -> Ensemble:
     booster = model.get_booster() if hasattr(model, "get_booster") else model
     raw = json.loads(booster.save_raw(raw_format="json"))
@@ -222,24 +233,14 @@ def from_xgboost(model: Any) -> Ensemble:
             raise ConversionError(f"XGBoost tree {t} has categorical splits; only numeric splits convert exactly")
         if int(tree["tree_param"].get("size_leaf_vector", "1")) > 1:
             raise ConversionError(f"XGBoost tree {t} is a multi-output tree; not supported")
-        left, right = tree["left_children"], tree["right_children"]
-        feat, cond, dleft = tree["split_indices"], tree["split_conditions"], tree["default_left"]
-        cls = int(tree_info[t])
-
-        def parse(i: int):
-            if left[i] == -1:
-                value = np.zeros(n_out)
-                value[cls] = float(np.float32(cond[i]))
-                return ("leaf", value)
-            split = Split(int(feat[i]), float(np.float32(cond[i])), bool(dleft[i]))
-            return ("split", (split, parse(left[i]), parse(right[i])))
-
-        _walk(parse(0), [], leaves, lambda v, p: Leaf(p, v))
+        root = _xgb_node(tree, 0, int(tree_info[t]), n_out)
+        _walk(root, [], leaves, lambda v, p: Leaf(p, v))
     missing = getattr(model, "missing", math.nan)
     classes = getattr(model, "classes_", None)
     return Ensemble(
         "xgboost", n_features, n_out, leaves, base, _XGB_LINKS[objective], right_closed=False,
-        cast_float32=True, accumulate_float32=True, extra={"tree_output": [int(c) for c in tree_info[:n_trees]]}, missing_value=math.nan if missing is None else float(missing),
+        cast_float32=True, accumulate_float32=True, missing_value=math.nan if missing is None else float(missing),
+        extra={"tree_output": [int(c) for c in tree_info[:n_trees]]},
         classes=None if classes is None else np.asarray(classes), n_trees=n_trees,
     )
 
