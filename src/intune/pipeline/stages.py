@@ -146,10 +146,11 @@ def sequential_loop(
         t2 = clock()
         stats.busy_s += t2 - t1
         stats.cpu_s += time.thread_time() - c0
-        for r in results:
-            out.put([r])
-            stats.items += 1
-            stats.rows += r.rows
+        if results:
+            out.put(results)  # one hand-over for all the items one input gave (fewer wake-ups)
+            stats.items += len(results)
+            for r in results:
+                stats.rows += r.rows
         stats.blocked_s += clock() - t2
         if got is END:
             out.finish()
