@@ -27,7 +27,7 @@ def test_check_targets_names_what_is_missed():
 def test_bench_recd_tiny_run_writes_schema_and_plot(tmp_path, capsys):
     out, png = tmp_path / "recd.json", tmp_path / "recd.png"
     rc = main(["bench", "recd", "--rows", "3000", "--test-rows", "1000", "--session-lens", "1,8",
-               "--batch-size", "256", "--window-rows", "2048", "--repeats", "1",
+               "--batch-size", "256", "--window-rows", "2048", "--repeats", "1", "--auc-seeds", "2",
                "--json", str(out), "--plot", str(png)])
     assert rc == 0
     payload = json.loads(out.read_text())
@@ -37,7 +37,7 @@ def test_bench_recd_tiny_run_writes_schema_and_plot(tmp_path, capsys):
     for r in rows:
         for key in ("session_len", "storage_ratio", "preprocess_ratio", "train_ratio", "auc_dedup", "auc_plain"):
             assert isinstance(r[key], (int, float)), key
-        assert 0.0 <= r["auc_plain"] <= 1.0
+        assert 0.0 <= r["auc_plain"] <= 1.0 and len(r["auc_dedup_per_seed"]) == 2
     control, sessions = rows
     assert control["unique_user_fraction"] == 1.0
     assert sessions["unique_user_fraction"] < 0.3

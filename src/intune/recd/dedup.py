@@ -18,7 +18,7 @@ import numpy as np
 
 from intune.recd._chunks import ranges
 from intune.recd._hashing import column_bits, mix64
-from intune.recd.ikjt import IKJT, INVERSE, gather_jagged
+from intune.recd.ikjt import IKJT, INVERSE, UNIQUE, gather_jagged
 
 Chunk = dict[str, np.ndarray]
 
@@ -111,12 +111,28 @@ def _rows_equal(chunk: Mapping[str, np.ndarray], keys: Sequence[str], a: np.ndar
 
 
 def _group_by_hash(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first row of each distinct hash in order of first appearance, inverse index per row)."""
-    _, first, inv = np.unique(hashes, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    return first[order].astype(np.int64), rank[inv.ravel()].astype(np.int64)
+    """(first row of each distinct hash in order of first appearance, inverse index per row).
+
+    One stable argsort; a batch whose hashes are all distinct returns at once (the common case
+    where nothing repeats costs a sort and a compare).
+    """
+    n = hashes.shape[0]
+    order = np.argsort(hashes, kind="stable")  # equal hashes keep row order: a group's first is its min
+    ordered = hashes[order]
+    starts_group = np.empty(n, dtype=bool)
+    starts_group[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts_group[1:])
+    if starts_group.all():
+        everyone = np.arange(n, dtype=np.int64)
+        return everyone, everyone
+    group_of_sorted = np.cumsum(starts_group) - 1
+    first_of_group = order[starts_group]
+    by_appearance = np.argsort(first_of_group, kind="stable")
+    rank = np.empty_like(by_appearance)
+    rank[by_appearance] = np.arange(by_appearance.size)
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = rank[group_of_sorted]
+    return first_of_group[by_appearance].astype(np.int64), inverse
 
 
 def find_unique_rows(chunk: Mapping[str, np.ndarray], keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -242,12 +258,14 @@ class GroupUDF:
         self.name = name or getattr(fn, "__name__", "udf")
 
     def __call__(self, chunk: Chunk) -> Chunk:
-        if f"{self.group}.{INVERSE}" in chunk:
-            ikjt = IKJT.from_chunk(chunk, self.group)
-            rows, old = ikjt.unique_chunk(), ikjt.to_chunk()
-            result = self._apply(rows, ikjt.num_unique)
-            out = {k: v for k, v in chunk.items() if k not in old}
-            out.update(IKJT.from_unique_chunk(self.group, result, ikjt.inverse).to_chunk())
+        inverse_name = f"{self.group}.{INVERSE}"
+        if inverse_name in chunk:
+            ikjt = IKJT.from_chunk(chunk, self.group)  # validates what arrives
+            prefix = f"{self.group}.{UNIQUE}."
+            result = self._apply(ikjt.unique_chunk(), ikjt.num_unique)
+            out = {k: v for k, v in chunk.items() if not k.startswith(prefix) and k != inverse_name}
+            out.update({prefix + name: col for name, col in result.items()})
+            out[inverse_name] = ikjt.inverse
             return out
         keys = resolve_columns(chunk, self.group, self.columns)
         rows = {}
