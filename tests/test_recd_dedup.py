@@ -105,3 +105,18 @@ def test_group_udf_that_changes_row_count_is_an_error():
     udf = GroupUDF("user", ["user_id"], lambda rows: {"user_id": rows["user_id"][:1]}, name="trim")
     with pytest.raises(ValueError, match="UDF 'trim' of group 'user' returned 1 rows"):
         udf(dedup_transform({"user": ["user_id"]})(_batch()))
+
+
+def test_vector_columns_dedup_by_whole_row():
+    dense = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 3.0], [1.0, 2.0]], dtype=np.float32)
+    out = dedup_transform({"user": ["dense"]})({"dense": dense, "item_id": np.arange(4)})
+    assert out["user.inverse"].tolist() == [0, 0, 1, 0]
+    np.testing.assert_array_equal(IKJT.from_chunk(out, "user").to_jagged()["dense"], dense)
+
+
+def test_hash_collisions_fall_back_to_exact(monkeypatch):
+    import intune.recd.dedup as dedup
+
+    monkeypatch.setattr(dedup, "row_keys", lambda chunk, keys, lists=True: np.zeros(len(chunk["a"]), np.uint64))
+    first, inverse = dedup.find_unique_rows({"a": np.array([3, 4, 3, 5])}, ["a"])
+    assert first.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2]

@@ -21,7 +21,7 @@ def mix64(x: np.ndarray, salt: int = 0) -> np.ndarray:
 
 
 def column_bits(col: np.ndarray) -> np.ndarray:
-    """The values of a 1-D column as uint64 words that are equal exactly when the values are equal.
+    """A column's values as uint64 words (same shape) that are equal exactly when the values are equal.
 
     Numbers compare by their bits (so NaN equals NaN and -0.0 differs from 0.0, which is what
     "the same stored value" means); other dtypes (strings) are mapped to their rank among the

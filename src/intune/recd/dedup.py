@@ -73,6 +73,11 @@ def row_keys(chunk: Mapping[str, np.ndarray], keys: Sequence[str], lists: bool =
                 col = col ^ (summed[ends] - summed[starts])
         else:
             col = column_bits(chunk[key])
+            if col.ndim > 1:  # a fixed-width vector per row: fold its words into one
+                words = col.reshape(n, -1)
+                col = words[:, 0].copy()
+                for j in range(1, words.shape[1]):
+                    col = (col * prime) ^ words[:, j]
         np.multiply(h, prime, out=h)  # word-wise FNV-style combine; one avalanche at the end
         np.bitwise_xor(h, col, out=h)
     return mix64(h)
@@ -106,7 +111,7 @@ def _rows_equal(chunk: Mapping[str, np.ndarray], keys: Sequence[str], a: np.ndar
                 same[np.unique(np.repeat(rows, n)[differ])] = False
         else:
             col = chunk[key]
-            same &= _same_values(col[a], col[b])
+            same &= _same_values(col[a], col[b]).reshape(a.size, -1).all(axis=1)
     return same
 
 
@@ -164,7 +169,7 @@ def _exact_unique(chunk: Mapping[str, np.ndarray], keys: Sequence[str], n: int) 
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             parts.append([tuple(bits[offsets[i]: offsets[i + 1]].tolist()) for i in range(n)])
         else:
-            parts.append(column_bits(chunk[key]).tolist())
+            parts.append([tuple(r) for r in column_bits(chunk[key]).reshape(n, -1).tolist()])
     seen: dict[tuple, int] = {}
     inverse = np.empty(n, dtype=np.int64)
     first: list[int] = []

@@ -193,11 +193,14 @@ class IKJT:
         except ImportError as exc:  # optional extra
             raise ImportError("IKJT.to_torchrec needs torchrec (optional extra; see README)") from exc
         if keys is None:
-            keys = [k for k in self.keys if np.issubdtype(self.values[k].dtype, np.integer)]
+            keys = [k for k in self.keys
+                    if np.issubdtype(self.values[k].dtype, np.integer) and self.values[k].ndim == 1]
         keys = list(keys)
         for key in keys:
             if key not in self.values:
                 raise ValueError(f"IKJT group {self.group!r} has no key {key!r}; keys: {list(self.keys)}")
+            if self.values[key].ndim != 1:
+                raise ValueError(f"IKJT key {key!r} holds a vector per row; a KeyedJaggedTensor holds ids")
             if not np.issubdtype(self.values[key].dtype, np.integer):
                 raise ValueError(f"IKJT key {key!r} has {self.values[key].dtype} values; a KeyedJaggedTensor "
                                  f"holds integer ids")
