@@ -2,6 +2,7 @@
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 import intune
 from intune.recd import IKJT, GroupUDF, ListsToJagged, dedup_transform
@@ -48,3 +49,15 @@ def test_engine_dedup_delivers_every_row_once_and_expands_to_the_source(tmp_path
             np.testing.assert_array_equal(plain["user_history.values"], hist)
     assert sorted(np.concatenate(seen).tolist()) == list(range(3000))
     assert sum(calls) == unique < 3000 / 3  # the UDF saw unique rows only
+
+
+def test_engine_dedup_missing_column_error_names_it(tmp_path):
+    path, _ = _write(tmp_path, rows=600)
+    pipe = (
+        intune.Pipeline.from_parquet(str(path))
+        .batch(256)
+        .map(dedup_transform({"user": ["user_id", "user_age"]}), name="dedup")
+    )
+    with pipe, pytest.raises(Exception, match=r"dedup group 'user' names column 'user_age'") as info:
+        list(pipe)
+    assert "dedup" in str(info.value)  # the engine names the stage as well
