@@ -111,3 +111,26 @@ def test_lowering_workers_parks_process_workers_without_losing_rows():
         # the retired workers are still alive (parked), so raising again reuses them
         assert set(pipe.stage("map").worker_pids()) == pids and len(pids) == 3
         assert pipe.metrics().stages["map"].workers == 1
+
+
+def sleepy(chunk):
+    time.sleep(0.003)
+    return chunk
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_retired_workers_use_no_cpu_once_the_input_has_ended(mode):
+    chunks10 = [{"id": np.arange(10)}] * 300
+    pipe = intune.Pipeline.from_iterable(chunks10).map(sleepy, mode=mode, workers=3).prefetch(1000)
+    with pipe:
+        it = iter(pipe)
+        next(it)
+        pipe.knobs["map.workers"].set(1)  # two workers retire and park while input remains
+        deadline = time.monotonic() + 20
+        while pipe.metrics().stages["map"].items < 300 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the input ends while the consumer does not read
+        time.sleep(0.1)
+        c0 = time.process_time()
+        time.sleep(0.5)
+        assert time.process_time() - c0 < 0.1, "parked workers are spinning"
+        assert len(list(it)) == 299

@@ -74,10 +74,12 @@ class PoolRun:
         with self._cond:
             self._cond.notify_all()
 
-    def _park(self, index: int) -> None:
+    def _park(self, index: int) -> bool:
+        """Wait while this worker is retired; True if the epoch's input has ended meanwhile."""
         with self._cond:
             while index >= self._target() and not self._stop.is_set() and not self._done:
                 self._cond.wait(0.5)
+            return self._done
 
     def _run(self, index: int) -> None:
         stats = self._stats.worker(index)
@@ -89,7 +91,8 @@ class PoolRun:
                     if reserved:
                         self._out.unreserve()
                         reserved = False
-                    self._park(index)
+                    if self._park(index):
+                        return  # the input has ended: a retired worker has nothing left to do
                     continue
                 t0 = clock()
                 if not reserved:
@@ -186,9 +189,8 @@ class ProcessPoolRun(PoolRun):
                     if reserved:
                         self._out.unreserve()
                         reserved = False
-                    if ended:
+                    if ended or self._park(index):
                         return
-                    self._park(index)
                     continue
                 t0 = clock()
                 while not retired and not ended and len(pending) < SLOTS:
@@ -204,6 +206,9 @@ class ProcessPoolRun(PoolRun):
                         self._out.finish(self._inp.handed_out)
                         self._out.unreserve()
                         reserved, ended = False, True
+                        with self._cond:
+                            self._done = True
+                            self._cond.notify_all()
                         break
                     reserved = False
                     if worker is None:
