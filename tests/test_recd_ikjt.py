@@ -89,3 +89,25 @@ def test_to_torchrec_rejects_float_keys():
     assert ikjt.to_torchrec().keys() == ["x"]  # dense float keys are left out by default
     with pytest.raises(ValueError, match="'c' has float64 values"):
         ikjt.to_torchrec(keys=["c"])
+
+
+def test_torchrec_embedding_bag_collection_expands_to_the_plain_batch():
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    ikjt = _example()
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name="t_id", embedding_dim=4, num_embeddings=10, feature_names=["user_id"]),
+        EmbeddingBagConfig(name="t_hist", embedding_dim=4, num_embeddings=10, feature_names=["hist"]),
+    ])
+    plain = ikjt.to_jagged()
+    reference = KeyedJaggedTensor(
+        keys=["user_id", "hist"],
+        values=torch.from_numpy(np.concatenate([plain["user_id"], plain["hist.values"]])),
+        lengths=torch.from_numpy(np.concatenate([np.ones(5, dtype=np.int64), plain["hist.lengths"]])),
+    )
+    torch.testing.assert_close(ebc(ikjt.to_torchrec()).values(), ebc(reference).values())
