@@ -108,6 +108,9 @@ def test_knob_names_units_bounds_and_errors():
             knobs["shuffle.buffer_mb"].set(0)
         with pytest.raises(ValueError, match=r"unknown knob 'udf.threads'.*udf.workers"):
             pipe.set_knob("udf.threads", 2)
+        with pytest.raises(KeyError, match=r"unknown knob 'read.buffer_mb'; valid knobs are \['prefetch"):
+            knobs["read.buffer_mb"]
+        assert "udf.workers" in knobs and "udf.threads" not in knobs and len(knobs) == 4
         with pytest.raises(TypeError):
             knobs["udf.workers"] = None  # the mapping is read-only
         knobs["udf.workers"].set(4)

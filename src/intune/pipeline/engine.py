@@ -13,7 +13,6 @@ import itertools
 import os
 import threading
 import time
-import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -338,14 +337,13 @@ class Pipeline:
     # ---- knobs and metrics -----------------------------------------------------------------------
     @property
     def knobs(self) -> Mapping[str, Knob]:
-        """Every knob by name: ``<stage>.workers`` (cpu) and ``<stage>.buffer_mb`` (mb)."""
-        return types.MappingProxyType(self._knobs)
+        """Every knob by name: ``<stage>.workers`` (cpu) and ``<stage>.buffer_mb`` (mb). Read-only;
+        an unknown name raises ``UnknownKnobError`` (a ``KeyError`` and a ``ValueError``) listing them."""
+        return KnobMap(self._knobs)
 
     def set_knob(self, name: str, value: int) -> None:
         """``knobs[name].set(value)`` with an error listing the knobs when ``name`` is unknown."""
-        if name not in self._knobs:
-            raise ValueError(f"unknown knob {name!r}; valid knobs are {sorted(self._knobs)}")
-        self._knobs[name].set(value)
+        self.knobs[name].set(value)
 
     def metrics(self) -> PipelineMetrics:
         """A cheap snapshot: per-stage counters and gauges, rows out, recent rate and step time."""
@@ -428,6 +426,35 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return f"Pipeline({' -> '.join(self.stage_names())})"
+
+
+class UnknownKnobError(KeyError, ValueError):
+    """A knob name the pipeline does not have (both a ``KeyError`` and a ``ValueError``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class KnobMap(Mapping[str, Knob]):
+    """A read-only view of the pipeline's knobs whose missing-key error lists the valid names."""
+
+    def __init__(self, knobs: dict[str, Knob]) -> None:
+        self._knobs = knobs
+
+    def __getitem__(self, name: str) -> Knob:
+        try:
+            return self._knobs[name]
+        except KeyError:
+            raise UnknownKnobError(f"unknown knob {name!r}; valid knobs are {sorted(self._knobs)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._knobs)
+
+    def __len__(self) -> int:
+        return len(self._knobs)
+
+    def __repr__(self) -> str:
+        return f"KnobMap({list(self._knobs.values())!r})"
 
 
 class _Running:
