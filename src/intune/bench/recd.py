@@ -287,26 +287,34 @@ def check_targets(results: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(results: list[dict[str, Any]], path: str) -> None:
+    """Left: the three ratios against session length, with the targets; right: AUC of both sides."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     lens = [r["session_len"] for r in results]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, (ax, ax_auc) = plt.subplots(1, 2, figsize=(10.5, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     for key, label, marker in (("storage_ratio", "storage (arrival / clustered bytes)", "o"),
                                ("preprocess_ratio", "preprocessing rows/s (dedup / plain)", "s"),
                                ("train_ratio", "training samples/s (dedup / plain)", "^")):
         ax.plot(lens, [r[key] for r in results], marker=marker, label=label)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.axhline(1.5, color="grey", lw=0.8, ls="--")
-    ax.axvline(8, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lens, [f"{x:g}" for x in lens])
-    ax.set_xlabel("mean session length (samples per session)")
+    ax.axhline(CONTROL_FLOOR, color="red", lw=0.6, ls=":", label=f"floor at length 1 ({CONTROL_FLOOR})")
+    ax.plot([8], [TARGETS["storage_ratio"]], "o", mfc="none", mec="C0", ms=12, label="targets at length 8")
+    ax.plot([8], [TARGETS["train_ratio"]], "s", mfc="none", mec="C2", ms=12)
+    for axis in (ax, ax_auc):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(lens, [f"{x:g}" for x in lens])
+        axis.set_xlabel("mean session length (samples per session)")
     ax.set_ylabel("ratio (higher is better)")
     ax.set_title("RecD in-batch deduplication")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    ax_auc.plot(lens, [r["auc_plain"] for r in results], marker="o", label="plain (row shuffle)")
+    ax_auc.plot(lens, [r["auc_dedup"] for r in results], marker="x", label="dedup (session shuffle)")
+    ax_auc.set_ylabel("held-out AUC after the same samples")
+    ax_auc.set_title("model quality")
+    ax_auc.legend(fontsize=7)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
