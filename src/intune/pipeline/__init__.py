@@ -1,10 +1,10 @@
 """The pipeline engine: ``Pipeline`` and the errors a consumer may see.
 
-Modules: ``engine`` (the builder, epochs, knobs, metrics), ``stages`` (the stage base, read and
-map), ``serial_stages`` (shuffle, batch, prefetch), ``pool`` (resizable worker pools),
-``procworker`` and ``shm`` (process workers over shared memory), ``channel`` (bounded, ordered
-queues), ``shuffle`` and ``batcher`` (pure algorithms), ``sources`` and ``criteo`` (readers),
-``metrics`` (the snapshot contract).
+Modules: ``engine`` (the builder, knobs, metrics), ``epoch`` (a running epoch, the consumer's end),
+``stages`` (the stage base, read and map), ``serial_stages`` (shuffle, batch, prefetch), ``pool``
+(resizable worker pools), ``procworker`` and ``shm`` (process workers over shared memory),
+``channel`` (bounded, ordered queues), ``shuffle`` and ``batcher`` (pure algorithms), ``sources``
+and ``criteo`` (readers), ``metrics`` (the snapshot contract).
 """
 
 from intune.pipeline.engine import Pipeline

@@ -1,10 +1,10 @@
 """The ``Pipeline``: the builder users chain, its knobs and metrics, and the epochs it runs.
 
 Owns the public API (``from_parquet`` / ``from_iterable`` / ``from_criteo_tsv``, ``shuffle``, ``map``,
-``batch``, ``prefetch``, iteration, ``knobs``, ``metrics``, ``close``), the epoch (threads, channels,
-stop and failure), the consumer-side counters (rows out, step time, wait time) and shutdown. Builder
-methods append a stage and return the same pipeline. It must not contain stage algorithms
-(``stages``, ``shuffle``, ``batcher``) or source formats (``sources``, ``criteo``).
+``batch``, ``prefetch``, iteration, ``knobs``, ``metrics``, ``close``), starting and ending epochs
+(``epoch`` runs them) and shutdown. Builder methods append a stage and return the same pipeline.
+It must not contain stage algorithms (``stages``, ``shuffle``, ``batcher``) or source formats
+(``sources``, ``criteo``).
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from intune.knobs import Knob
-from intune.pipeline.channel import END, Channel, Stopped
-from intune.pipeline.chunks import Chunk, RowTable
+from intune.pipeline.channel import Channel
+from intune.pipeline.chunks import Chunk
+from intune.pipeline.epoch import ConsumerStats, Epoch, EpochIterator
 from intune.pipeline.metrics import PipelineMetrics
-from intune.pipeline.pool import PoolRun
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
@@ -44,133 +43,6 @@ def default_max_mb() -> int:
         return max(64, int(psutil.virtual_memory().total // (2 << 20)))
     except Exception:  # psutil is a dependency, but stay usable without it
         return 4096
-
-
-class Epoch:
-    """One pass over the data: the stages' threads and channels, a stop event, the first failure."""
-
-    def __init__(self, index: int, label: str, deterministic: bool) -> None:
-        self.index = index
-        self.label = label
-        self.deterministic = deterministic
-        self.stop = threading.Event()
-        self.table = RowTable()
-        self.pools: list[PoolRun] = []
-        self.error: BaseException | None = None
-        self._threads: list[threading.Thread] = []
-        self._channels: list[Channel] = []
-        self._lock = threading.Lock()
-
-    def channel(self, name: str, **kwargs: Any) -> Channel:
-        ch = Channel(name, self.stop, **kwargs)
-        self._channels.append(ch)
-        return ch
-
-    def spawn(self, target: Callable[[], None], name: str) -> None:
-        def guarded() -> None:
-            try:
-                target()
-            except Stopped:
-                pass
-            except BaseException as exc:  # noqa: BLE001 - reported to the consumer
-                self.fail(exc)
-
-        thread = threading.Thread(target=guarded, name=f"intune-{name}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def fail(self, exc: BaseException) -> None:
-        """Record the first failure and stop everything; the consumer raises it."""
-        with self._lock:
-            if self.error is None:
-                self.error = exc
-        self.halt()
-
-    def halt(self) -> None:
-        self.stop.set()
-        for ch in self._channels:
-            ch.wake_all()
-        for pool in self.pools:
-            pool.wake()
-
-    def join(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        threads = list(self._threads)
-        for pool in self.pools:
-            threads.extend(pool.threads())
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
-
-
-class _ConsumerStats:
-    """Counters the consumer's thread updates in ``__next__``; read by ``metrics()`` without locks."""
-
-    def __init__(self) -> None:
-        self.rows = 0
-        self.batches = 0
-        self.wait_s = 0.0
-        self.step_sum = 0.0
-        self.step_count = 0
-        # (time, rows, step_sum, step_count) about every 0.25 s, for the rates of the last second
-        self.marks: deque[tuple[float, int, float, int]] = deque(maxlen=12)
-        self.marks.append((time.monotonic(), 0, 0.0, 0))
-
-
-class _EpochIterator:
-    """What ``iter(pipeline)`` returns: the consumer's end of the last channel."""
-
-    def __init__(self, pipe: Pipeline, epoch: Epoch, final: Channel) -> None:
-        self._pipe = pipe
-        self._epoch = epoch
-        self._final = final
-        self._last_return: float | None = None
-        self._done = False
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __next__(self) -> Chunk:
-        if self._done:
-            raise StopIteration
-        stats = self._pipe._consumer
-        t0 = time.monotonic()
-        if self._last_return is not None:
-            stats.step_sum += t0 - self._last_return
-            stats.step_count += 1
-        try:
-            got = self._final.get()
-        except Stopped:
-            got = None
-        except BaseException:  # Ctrl-C in the consumer: shut everything down, then let it through
-            self._done = True
-            self._pipe.close()
-            raise
-        if got is None:  # stopped: by a failure (raise it, with its own cause) or by close()
-            self._finish()
-            if self._epoch.error is not None:
-                raise self._epoch.error
-            raise StopIteration
-        now = time.monotonic()
-        stats.wait_s += now - t0
-        if got is END:
-            self._finish()
-            raise StopIteration
-        item = got[1]
-        stats.rows += item.rows
-        stats.batches += 1
-        if now - stats.marks[-1][0] >= 0.25:
-            stats.marks.append((now, stats.rows, stats.step_sum, stats.step_count))
-        self._last_return = now
-        return item.chunk
-
-    def _finish(self) -> None:
-        self._done = True
-        self._pipe._end_epoch(self._epoch)
-
-    def close(self) -> None:
-        if not self._done:
-            self._finish()
 
 
 class Pipeline:
@@ -202,7 +74,7 @@ class Pipeline:
         self._epochs = 0
         self._closed = False
         self._lock = threading.RLock()
-        self._consumer = _ConsumerStats()
+        self._consumer = ConsumerStats()
         self._add(ReadStage(source, name, self.max_workers))
         self._running = _Running(self._stages)
         self._finalizer = weakref.finalize(self, self._running.shutdown)  # at exit or when collected
@@ -386,7 +258,7 @@ class Pipeline:
                 self._end_epoch(epoch)
                 raise
             assert channel is not None
-            return _EpochIterator(self, epoch, channel)
+            return EpochIterator(self, epoch, channel)
 
     def _end_epoch(self, epoch: Epoch) -> None:
         epoch.halt()

@@ -1,0 +1,149 @@
+"""The running epoch and the consumer's end of it.
+
+Owns ``Epoch`` (one pass over the data: the stages' threads and channels, the stop event, the first
+failure), ``EpochIterator`` (what ``iter(pipeline)`` returns: it raises a stage's failure with its
+own cause, ends the epoch at the end of data, and shuts the pipeline down on Ctrl-C) and the
+consumer-side counters behind ``rows_per_s`` and ``consumer_step_s``. It must not build stages.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from intune.pipeline.channel import END, Channel, Stopped
+from intune.pipeline.chunks import Chunk, RowTable
+from intune.pipeline.pool import PoolRun
+
+if TYPE_CHECKING:
+    from intune.pipeline.engine import Pipeline
+
+
+class Epoch:
+    """One pass over the data: the stages' threads and channels, a stop event, the first failure."""
+
+    def __init__(self, index: int, label: str, deterministic: bool) -> None:
+        self.index = index
+        self.label = label
+        self.deterministic = deterministic
+        self.stop = threading.Event()
+        self.table = RowTable()
+        self.pools: list[PoolRun] = []
+        self.error: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+        self._channels: list[Channel] = []
+        self._lock = threading.Lock()
+
+    def channel(self, name: str, **kwargs: Any) -> Channel:
+        ch = Channel(name, self.stop, **kwargs)
+        self._channels.append(ch)
+        return ch
+
+    def spawn(self, target: Callable[[], None], name: str) -> None:
+        def guarded() -> None:
+            try:
+                target()
+            except Stopped:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - reported to the consumer
+                self.fail(exc)
+
+        thread = threading.Thread(target=guarded, name=f"intune-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def fail(self, exc: BaseException) -> None:
+        """Record the first failure and stop everything; the consumer raises it."""
+        with self._lock:
+            if self.error is None:
+                self.error = exc
+        self.halt()
+
+    def halt(self) -> None:
+        self.stop.set()
+        for ch in self._channels:
+            ch.wake_all()
+        for pool in self.pools:
+            pool.wake()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        threads = list(self._threads)
+        for pool in self.pools:
+            threads.extend(pool.threads())
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class ConsumerStats:
+    """Counters the consumer's thread updates in ``__next__``; read by ``metrics()`` without locks."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.batches = 0
+        self.wait_s = 0.0
+        self.step_sum = 0.0
+        self.step_count = 0
+        # (time, rows, step_sum, step_count) about every 0.25 s, for the rates of the last second
+        self.marks: deque[tuple[float, int, float, int]] = deque(maxlen=12)
+        self.marks.append((time.monotonic(), 0, 0.0, 0))
+
+
+class EpochIterator:
+    """What ``iter(pipeline)`` returns: the consumer's end of the last channel."""
+
+    def __init__(self, pipe: Pipeline, epoch: Epoch, final: Channel) -> None:
+        self._pipe = pipe
+        self._epoch = epoch
+        self._final = final
+        self._last_return: float | None = None
+        self._done = False
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Chunk:
+        if self._done:
+            raise StopIteration
+        stats = self._pipe._consumer
+        t0 = time.monotonic()
+        if self._last_return is not None:
+            stats.step_sum += t0 - self._last_return
+            stats.step_count += 1
+        try:
+            got = self._final.get()
+        except Stopped:
+            got = None
+        except BaseException:  # Ctrl-C in the consumer: shut everything down, then let it through
+            self._done = True
+            self._pipe.close()
+            raise
+        if got is None:  # stopped: by a failure (raise it, with its own cause) or by close()
+            self._finish()
+            if self._epoch.error is not None:
+                raise self._epoch.error
+            raise StopIteration
+        now = time.monotonic()
+        stats.wait_s += now - t0
+        if got is END:
+            self._finish()
+            raise StopIteration
+        item = got[1]
+        stats.rows += item.rows
+        stats.batches += 1
+        if now - stats.marks[-1][0] >= 0.25:
+            stats.marks.append((now, stats.rows, stats.step_sum, stats.step_count))
+        self._last_return = now
+        return item.chunk
+
+    def _finish(self) -> None:
+        self._done = True
+        self._pipe._end_epoch(self._epoch)
+
+    def close(self) -> None:
+        if not self._done:
+            self._finish()
