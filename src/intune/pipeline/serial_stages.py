@@ -71,8 +71,11 @@ class ShuffleStage(Stage):
             chunk = dict(item.chunk)
             if IDS in chunk:
                 raise PipelineError(f"stage {self.name!r}: column name {IDS!r} is reserved")
-            start = table.add(item.origin, item.rows) if item.origin is not None else table.total
-            chunk[IDS] = np.arange(start, start + item.rows, dtype=np.int64)
+            rows = num_rows(chunk)  # the chunk's own length (a map upstream may have changed it)
+            start = table.add(item.origin, rows) if item.origin is not None else table.total
+            if item.origin is None:
+                table.total += rows
+            chunk[IDS] = np.arange(start, start + rows, dtype=np.int64)
             buf = state["buffer"]
             if buf is None:
                 row_bytes = sum(
@@ -81,7 +84,7 @@ class ShuffleStage(Stage):
                 state["row_bytes"] = row_bytes
                 buf = ShuffleBuffer(rng, self.capacity(row_bytes))
                 state["buffer"] = self._buffer = buf
-            state["chunk_rows"] = max(state["chunk_rows"], item.rows)
+            state["chunk_rows"] = max(state["chunk_rows"], rows)
             released = buf.resize(self.capacity(state["row_bytes"]))
             try:
                 released += buf.add(chunk)
