@@ -56,9 +56,12 @@ class Epoch:
         thread.start()
 
     def fail(self, exc: BaseException) -> None:
-        """Record the first failure and stop everything; the consumer raises it."""
+        """Record the first failure and stop everything; the consumer raises it.
+
+        Failures after a stop (close, a new epoch) are consequences of stopping and are not recorded.
+        """
         with self._lock:
-            if self.error is None:
+            if self.error is None and not self.stop.is_set():
                 self.error = exc
         self.halt()
 
