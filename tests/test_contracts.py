@@ -73,3 +73,12 @@ def test_reward_memory_factor_and_oom():
 def test_unknown_policy_names_choices():
     with pytest.raises(ValueError, match="heuristic"):
         make("nonsense")
+
+
+def test_cli_help_lists_command_options(capsys):
+    from intune.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "sim", "--help"])
+    assert done.value.code == 0
+    assert "--json" in capsys.readouterr().out

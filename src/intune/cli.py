@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse once to find the command, let its module add its options, then parse for real."""
-    known, _ = parser.parse_known_args(argv)
+    # the first parse only finds the command: without -h, so that help lists the command's own options
+    known, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     module_name = getattr(known, "_module", None)
     if module_name is None:
         return known
