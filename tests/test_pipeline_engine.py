@@ -72,6 +72,9 @@ def test_metrics_counters_match_hand_counts():
     assert m.stages["batch"].items == 32 and m.stages["prefetch"].queue_capacity == 3
     assert set(m.stages) == {"read", "udf", "batch", "prefetch"}
     assert m.consumer_wait_s >= 0 and m.buffered_bytes >= 0
+    # bytes emitted: 2 epochs x 1000 rows x (int64 id + float32 f), the same at every stage
+    for name in ("read", "udf", "batch", "prefetch"):
+        assert m.stages[name].bytes_out == 2 * 1000 * (8 + 4), name
 
 
 def test_metrics_snapshot_is_cheap():

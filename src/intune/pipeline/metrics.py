@@ -30,6 +30,7 @@ class StageMetrics:
     buffered_bytes: int  # bytes this stage holds now (output queue + internal buffer)
     skipped: int = 0  # chunks skipped by on_error="skip"
     restarts: int = 0  # process workers restarted after dying
+    bytes_out: int = 0  # bytes of the chunks this stage has emitted (cumulative)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,7 @@ class PoolRun:
                 stats.items += len(results)
                 for r in results:
                     stats.rows += r.rows
+                    stats.bytes_out += r.nbytes
                 self._out.put_at(seq, results)
                 stats.held_bytes = 0
         except Stopped:
@@ -241,6 +242,7 @@ class ProcessPoolRun(PoolRun):
                 stats.items += len(results)
                 for r in results:
                     stats.rows += r.rows
+                    stats.bytes_out += r.nbytes
                 self._out.put_at(seq, results)
         except Stopped:
             return

@@ -99,6 +99,7 @@ class Stage:
             + int(t["held_bytes"]),
             skipped=int(t["skipped"]),
             restarts=int(t["restarts"]),
+            bytes_out=int(t["bytes_out"]),
         )
 
     def detach(self) -> None:
@@ -151,6 +152,7 @@ def sequential_loop(
             stats.items += len(results)
             for r in results:
                 stats.rows += r.rows
+                stats.bytes_out += r.nbytes
         stats.blocked_s += clock() - t2
         if got is END:
             out.finish()
@@ -231,6 +233,7 @@ class ReadStage(PooledStage):
                     out.put([item])
                     stats.items += 1
                     stats.rows += item.rows
+                    stats.bytes_out += item.nbytes
                     t = clock()
                     stats.blocked_s += t - t1
                 out.finish()

@@ -1,7 +1,7 @@
 """Per-worker counters of a stage, summed into a snapshot without locks.
 
 Owns the cumulative counters behind ``StageMetrics`` (items, rows, CPU, busy, starved, blocked,
-skipped, restarts) and one gauge (bytes a worker holds in hand). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
+skipped, restarts, bytes out) and one gauge (bytes a worker holds in hand). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
 lock and a snapshot is a cheap sum. It must not compute rates.
 """
 
@@ -20,6 +20,7 @@ class WorkerStats:
     blocked_s: float = 0.0
     skipped: int = 0
     restarts: int = 0
+    bytes_out: int = 0
     held_bytes: int = 0  # gauge: bytes of the chunks this worker has taken and not yet delivered
 
 
@@ -35,6 +36,7 @@ class StageStats:
         "blocked_s",
         "skipped",
         "restarts",
+        "bytes_out",
         "held_bytes",
     )
 
