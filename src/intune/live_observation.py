@@ -25,11 +25,11 @@ def _knob_value(knobs: Mapping[str, Knob | int], name: str) -> int:
 def _bytes_per_item(prev: StageMetrics | None, cur: StageMetrics, d_items: int) -> float:
     """Mean bytes of an emitted chunk.
 
-    Uses a cumulative ``bytes_out`` counter when the engine provides one; otherwise estimates it from
+    From the cumulative ``bytes_out`` counter; in a tick where nothing was emitted, estimated from
     what sits in the output queue now (or at the previous snapshot).
     """
-    if d_items > 0 and hasattr(cur, "bytes_out"):
-        d_bytes = cur.bytes_out - (getattr(prev, "bytes_out", 0) if prev is not None else 0)
+    if d_items > 0:
+        d_bytes = cur.bytes_out - (prev.bytes_out if prev is not None else 0)
         if d_bytes > 0:
             return d_bytes / d_items
     for snap in (cur, prev):
