@@ -61,8 +61,14 @@ def _corrupt(tmp_path, tsv, line_no: int, transform) -> str:
     ("transform", "problem"),
     [
         (lambda line: line.replace("\t", "\t\t", 1), "expected 40 tab-separated fields, got 41"),
-        (lambda line: "\t".join(line.split("\t")[:20] + ["zzzzzzzz"] + line.split("\t")[21:]), "C7 = b'zzzzzzzz' is not 8 hex digits"),
-        (lambda line: "\t".join(line.split("\t")[:3] + ["1.5"] + line.split("\t")[4:]), "I3 = b'1.5' is not an integer"),
+        (
+            lambda line: "\t".join(line.split("\t")[:20] + ["zzzzzzzz"] + line.split("\t")[21:]),
+            "C7 = b'zzzzzzzz' is not 8 hex digits",
+        ),
+        (
+            lambda line: "\t".join(line.split("\t")[:3] + ["1.5"] + line.split("\t")[4:]),
+            "I3 = b'1.5' is not an integer",
+        ),
     ],
 )
 def test_malformed_lines_are_named_by_file_and_line(tsv_and_parquet, tmp_path, transform, problem) -> None:

@@ -104,3 +104,20 @@ def test_unknown_model_and_missing_sizes() -> None:
         train([batch], model="gbdt", table_sizes=[4, 4])
     with pytest.raises(ValueError, match="needs table_sizes"):
         train([batch])
+
+
+def test_train_can_run_hammock_instead_of_dlrm(tmp_path) -> None:
+    """model='hammock' trains the Hammock module on bucketized inputs through the same loop."""
+    udf_module = pytest.importorskip("intune.hammock.udf")
+    torch.set_num_threads(1)
+    paths = data.generate(40_000, tmp_path / "train", seed=1)
+    held = data.generate(10_000, tmp_path / "held", seed=2)
+    bucketize = udf_module.Bucketize.fit(next(data.read_chunks(paths, 20_000)), table_size=2_000)
+    batches = [bucketize(c) for c in data.read_chunks(paths, 1024)]
+    result = train(
+        batches,
+        model="hammock",
+        table_sizes=bucketize.sparse_sizes,
+        eval_batches=heldout_batches(held, bucketize, 4096),
+    )
+    assert result.rows == 40_000 and result.auc > 0.6, result.summary()

@@ -21,7 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="a Criteo TSV file, a directory of them, or a glob")
     parser.add_argument("output", help="output directory for the Parquet files")
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise", help="malformed lines")
-    parser.add_argument("--row-group-rows", type=int, default=ROW_GROUP_ROWS, help="rows per Parquet row group")
+    parser.add_argument(
+        "--row-group-rows", type=int, default=ROW_GROUP_ROWS, help="rows per Parquet row group"
+    )
     parser.add_argument("--workers", type=int, default=None, help="parallel parse workers (default: CPUs)")
 
 
@@ -46,7 +48,11 @@ def input_files(spec: str) -> list[str]:
 
 
 def convert_file(
-    src: str, dst: Path, on_error: str = "raise", row_group_rows: int = ROW_GROUP_ROWS, workers: int | None = None
+    src: str,
+    dst: Path,
+    on_error: str = "raise",
+    row_group_rows: int = ROW_GROUP_ROWS,
+    workers: int | None = None,
 ) -> int:
     """Convert one TSV file to one Parquet file; return the rows written."""
     import pyarrow as pa
@@ -93,5 +99,7 @@ def run(args: argparse.Namespace) -> int:
         total += rows
         print(f"{src} -> {dst}: {rows:,} rows")
     elapsed = time.perf_counter() - start
-    print(f"converted {len(files)} file(s), {total:,} rows in {elapsed:.1f} s ({total / max(elapsed, 1e-9):,.0f} rows/s)")
+    print(
+        f"converted {len(files)} file(s), {total:,} rows in {elapsed:.1f} s ({total / max(elapsed, 1e-9):,.0f} rows/s)"
+    )
     return 0

@@ -1,0 +1,67 @@
+"""`intune bench real`: the CPU bound, ratios, skipping, and one measured system end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from intune.bench import real
+from intune.dlrm import data, pipelines
+
+
+def test_ratio_to_tf_and_share_of_the_cpu_bound() -> None:
+    results = [
+        {"system": "tf.data", "policy": "AUTOTUNE", "rows_per_s": 100.0},
+        {"system": "intune-engine", "policy": "plumber", "rows_per_s": 150.0},
+        {"system": "torchdata-nodes", "policy": None, "skipped": "torchdata not installed"},
+    ]
+    real.finish(results, {"rows_per_s": 200.0})
+    assert results[0]["ratio_vs_tf_autotune"] == 1.0 and results[0]["cpu_bound_share"] == 0.5
+    assert results[1]["ratio_vs_tf_autotune"] == 1.5 and results[1]["cpu_bound_share"] == 0.75
+    assert results[2]["rows_per_s"] is None and results[2]["ratio_vs_tf_autotune"] is None
+    without_tf = [{"system": "pytorch-dataloader", "policy": None, "rows_per_s": 10.0}]
+    real.finish(without_tf, {"rows_per_s": 20.0})
+    assert without_tf[0]["ratio_vs_tf_autotune"] is None
+
+
+def test_cpu_bound_is_cpus_over_cpu_seconds_per_row(tmp_path) -> None:
+    files = data.generate(70_000, tmp_path, seed=0, row_group_rows=20_000)
+    bound = real.cpu_bound(files, pipelines.dlrm_standard(1000), batch_rows=4096, cpus=2.0)
+    per_row = (bound["read_us_per_row"] + bound["udf_us_per_row"] + bound["batch_us_per_row"]) / 1e6
+    assert bound["rows_per_s"] == pytest.approx(2.0 / per_row)
+    assert bound["udf_us_per_row"] > 0 and bound["read_us_per_row"] > 0
+
+
+def test_plan_lists_every_system_and_skips_what_is_missing() -> None:
+    plan = real.available_systems(None)
+    systems = [(s, p) for s, p, _ in plan]
+    assert systems[:3] == [("pytorch-dataloader", None), ("torchdata-nodes", None), ("tf.data", "AUTOTUNE")]
+    assert [p for s, p in systems[3:]] == list(real.ENGINE_POLICIES)
+    reasons = {(s, p): why for s, p, why in plan}
+    assert (reasons[("tf.data", "AUTOTUNE")] is None) == (importlib.util.find_spec("tensorflow") is not None)
+    assert reasons[("intune-engine", "none")] is None
+    only = real.available_systems(["intune-engine:none", "pytorch-dataloader"])
+    assert [(s, p) for s, p, _ in only] == [("pytorch-dataloader", None), ("intune-engine", "none")]
+
+
+def test_one_system_measured_in_its_own_process(tmp_path) -> None:
+    files = data.generate(40_000, tmp_path, seed=0, row_group_rows=8_192)
+    spec = {
+        "system": "intune-engine",
+        "policy": "none",
+        "files": [str(f) for f in files],
+        "udf": "standard",
+        "table_size": 1000,
+        "batch_rows": 2048,
+        "cpus": 2.0,
+        "model_latency_ms": 5.0,
+        "warmup_rows": 4096,
+        "warmup_s": 0.0,
+        "measure_rows": 16_384,
+    }
+    out = real.run_child(spec, timeout_s=120)
+    assert "error" not in out, out
+    assert out["rows"] == 16_384 and out["rows_per_s"] > 0 and out["cpu_s"] > 0
+    assert out["peak_rss_mb"] > 50 and 0 <= out["idle_pct"] <= 100
+    assert out["config"]["knobs"]["udf.workers"] == 1
