@@ -9,7 +9,6 @@ Also the held-out evaluation (AUC and log-loss). It must not build pipelines or 
 from __future__ import annotations
 
 import importlib
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -228,6 +227,3 @@ def heldout_batches(
             break
     return out
 
-
-def _is_finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)

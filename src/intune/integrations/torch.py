@@ -90,21 +90,24 @@ class TorchBatches:
         ready: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         self._stop.clear()
 
+        def put(item: Any) -> bool:
+            """Hand over ``item``; False once the consumer has gone (close())."""
+            while not self._stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def fill() -> None:
             try:
                 for batch in self._batches:
-                    item = self._convert(batch)
-                    while not self._stop.is_set():
-                        try:
-                            ready.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if self._stop.is_set():
+                    if not put(self._convert(batch)):
                         return
-                ready.put(_END)
+                put(_END)
             except BaseException as exc:  # handed to the consumer, raised there
-                ready.put(exc)
+                put(exc)
 
         self._thread = threading.Thread(target=fill, name="intune-torch-prefetch", daemon=True)
         self._thread.start()
