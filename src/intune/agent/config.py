@@ -65,6 +65,9 @@ class AgentConfig:
     exploration_fraction: float = 0.5
     """Fraction of ``total_steps`` over which epsilon falls linearly from start to end."""
 
+    teacher_fraction: float = 0.5
+    """Share of exploratory ticks whose moves come from the proportional-share teacher, not at random."""
+
     max_grad_norm: float = 10.0
     """Gradient clipping norm (Huber loss already bounds the per-sample gradient)."""
 
@@ -89,8 +92,11 @@ class AgentConfig:
     max_stages: int = 8
     """Most stages of a randomised pretraining pipeline (the network is sized for this)."""
 
-    resize_probability: float = 0.006
+    resize_probability: float = 0.015
     """Chance per tick of a CPU resize event during a pretraining episode."""
+
+    random_start_probability: float = 0.5
+    """Share of pretraining episodes that start from a random allocation instead of the spec's."""
 
     tight_memory_probability: float = 0.4
     """Share of pretraining episodes whose memory limit is tight enough to matter."""

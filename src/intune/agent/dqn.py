@@ -24,6 +24,7 @@ from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
 from intune.agent.network import BranchingQNetwork
 from intune.agent.replay import NStepAccumulator, ReplayBuffer
 from intune.agent.safety import SafetyLayer
+from intune.agent.teacher import teacher_moves, teacher_scores
 from intune.knobs import Knob
 from intune.observation import Observation
 
@@ -38,6 +39,8 @@ class Env(Protocol):
     def step(self) -> Observation: ...
 
     def reward(self, obs: Observation) -> float: ...
+
+    # optional: ``scramble(rng, memory_margin) -> Observation`` moves to a random allocation
 
 
 def linear_schedule(start: float, end: float, duration: int, t: int) -> float:
@@ -72,14 +75,18 @@ class TrainingLog:
     eval_score: list[float] = field(default_factory=list)  # greedy mean throughput / optimum
     loss: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    best_step: int = 0  # the validated network returned (the best of the second half of training)
 
 
 def new_network(config: AgentConfig) -> BranchingQNetwork:
     return BranchingQNetwork(N_FEATURES, len(config.action_deltas), config.hidden)
 
 
-def _open(env: Env, config: AgentConfig, nstep: NStepAccumulator | None = None) -> _Slot:
+def _open(env: Env, config: AgentConfig, nstep: NStepAccumulator | None = None,
+          rng: np.random.Generator | None = None) -> _Slot:
     obs = env.reset()
+    if rng is not None and hasattr(env, "scramble") and rng.random() < config.random_start_probability:
+        obs = env.scramble(rng, config.memory_margin)
     knobs = list(env.knobs.values())
     builder = FeatureBuilder(env.knobs, global_only=config.global_only)
     safety = SafetyLayer(knobs, config.action_deltas, config.memory_margin)
@@ -116,7 +123,11 @@ def train(
     log: Callable[[str], None] = print,
     q: BranchingQNetwork | None = None,
 ) -> tuple[BranchingQNetwork, TrainingLog]:
-    """Pretrain (or continue training ``q``) on pipelines drawn by ``make_env``; return it and its curve."""
+    """Pretrain (or continue training ``q``) on pipelines drawn by ``make_env``; return it and its curve.
+
+    With ``evaluate``, the network returned is the best-scoring one of the second half of training
+    (validation pipelines, never trained on); without, the last one.
+    """
     # -- setup ----------------------------------------------------------------------------------
     rng = np.random.default_rng(config.seed)
     torch.manual_seed(config.seed)
@@ -125,10 +136,11 @@ def train(
     target = copy.deepcopy(q)
     optimizer = torch.optim.Adam(q.parameters(), lr=config.learning_rate)
     buffer = ReplayBuffer(config.buffer_size, MAX_KNOBS, N_FEATURES, n_actions)
-    slots = [_open(make_env(rng), config) for _ in range(config.num_envs)]
+    slots = [_open(make_env(rng), config, rng=rng) for _ in range(config.num_envs)]
     history = TrainingLog()
     finished: list[float] = []
     grad_steps = 0
+    best_score, best_state = -np.inf, None
     started = time.perf_counter()
 
     for step in range(config.total_steps):
@@ -144,8 +156,14 @@ def train(
             n = len(slot.builder.knob_names)
             scores = q_values[i, :n].copy()
             explore = rng.random(n) < epsilon
-            scores[explore] = rng.random((int(explore.sum()), n_actions))
             values = [k.value for k in slot.safety.knobs]
+            if explore.any():
+                if rng.random() < config.teacher_fraction:  # guided exploration (off-policy demonstrations)
+                    wanted = teacher_moves(slot.obs, slot.safety._stages, slot.safety._is_cpu, values)
+                    guided = teacher_scores(wanted, slot.safety.deltas, rng)
+                    scores[explore] = guided[explore]
+                else:
+                    scores[explore] = rng.random((int(explore.sum()), n_actions))
             choice = slot.safety.select(scores, slot.mask[:n], slot.obs, values)
             for knob, value, d in zip(slot.safety.knobs, values, slot.safety.moves(choice, slot.obs)):
                 if d:
@@ -167,7 +185,7 @@ def train(
             if terminal or slot.ticks >= config.episode_ticks:
                 finished.append(slot.episode_reward / slot.ticks)
                 slot.nstep.clear()
-                slots[i] = _open(make_env(rng), config, slot.nstep)
+                slots[i] = _open(make_env(rng), config, slot.nstep, rng)
 
         # -- learn ------------------------------------------------------------------------------
         if step >= config.learning_starts and step % config.train_frequency == 0:
@@ -191,10 +209,15 @@ def train(
             score = evaluate(q)
             history.eval_steps.append(step + 1)
             history.eval_score.append(score)
+            if score > best_score and step + 1 > config.total_steps // 2:  # keep the best late network
+                best_score, best_state = score, copy.deepcopy(q.state_dict())
+                history.best_step = step + 1
             last = history.episode_reward[-1] if history.episode_reward else float("nan")
             log(
                 f"step {step + 1:6d}/{config.total_steps}  eps {epsilon:.2f}  train reward/tick {last:.3f}  "
                 f"eval {score:.3f}  {time.perf_counter() - started:.0f}s"
             )
     history.seconds = time.perf_counter() - started
+    if best_state is not None:
+        q.load_state_dict(best_state)
     return q, history

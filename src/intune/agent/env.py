@@ -34,6 +34,28 @@ class SimEnv:
         self._tick = 0
         return self.sim.reset()
 
+    def scramble(self, rng: np.random.Generator, memory_margin: float) -> Observation:
+        """Move to a random allocation (up to twice the CPUs, within the memory margin) and observe it.
+
+        Pretraining starts some episodes here, so that the agent also learns to shed workers it does
+        not need and to recover from allocations it would never choose itself.
+        """
+        cpus = self.sim.cpus
+        names = list(self.knobs)
+        for _ in range(10):
+            alloc = {}
+            for name in names:
+                knob = self.knobs[name]
+                if knob.unit == "cpu":
+                    alloc[name] = knob.clamp(math.exp(rng.uniform(0.0, math.log(max(2.0, 2.0 * cpus / len(names) * 2)))))
+                else:
+                    alloc[name] = knob.clamp(math.exp(rng.uniform(math.log(max(knob.min, 1)), math.log(min(knob.max, 1024)))))
+            if self.sim.worst_case_memory(alloc) <= memory_margin * self.sim.memory_limit_bytes:
+                for name, value in alloc.items():
+                    self.knobs[name].set(value)
+                break
+        return self.step()
+
     def step(self) -> Observation:
         self._tick += 1
         return self.sim.step()

@@ -28,7 +28,8 @@ class EpisodeScore:
 
 
 def score_episode(sim, policy, ticks: int | None = None, seed: int | None = None, online: bool = False) -> EpisodeScore:
-    """Run ``policy`` on ``sim`` via ``run_episode``; with ``online`` feed it rewards through ``observe``."""
+    """Run ``policy`` on ``sim`` via ``run_episode``; with ``online`` feed it rewards through ``observe``
+    scaled as the live tuner scales them (by the first throughput seen), not by the unknowable optimum."""
     from intune.sim.episode import convergence_ticks, run_episode
 
     n = int(ticks if ticks is not None else sim.schedule.length_ticks)
@@ -45,8 +46,11 @@ def score_episode(sim, policy, ticks: int | None = None, seed: int | None = None
         state["since"] += 1
         optimum[k] = state["value"]
         rewards[k] = reward(obs, state["value"])
-        if learn is not None:
-            learn(obs, rewards[k])
+        if learn is not None:  # live, the optimum is unknown: the tuner scales by the first throughput
+            state.setdefault("live_scale", obs.throughput if obs.throughput > 0 else None)
+            if state["live_scale"] is None and obs.throughput > 0:
+                state["live_scale"] = obs.throughput
+            learn(obs, reward(obs, state["live_scale"] or 0.0))
         state["k"] = k + 1
 
     result = run_episode(sim, policy, n, seed=seed, on_tick=on_tick)

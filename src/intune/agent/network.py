@@ -14,21 +14,27 @@ from torch import nn
 
 
 class BranchingQNetwork(nn.Module):
-    """``q(rows [..., K, F], valid [..., K]) -> [..., K, A]``; padded knobs get zeros."""
+    """``q(rows [..., K, F], valid [..., K]) -> [..., K, A]``; padded knobs get zeros.
+
+    Dueling branches (as in BDQ): ``Q_k(a) = V + A_k(a) - mean_a A_k(a)``, with one state value ``V``
+    from the pooled pipeline context, so each knob's head only learns how its moves differ.
+    """
 
     def __init__(self, n_features: int, n_actions: int, hidden: int = 64) -> None:
         super().__init__()
         self.embed = nn.Linear(n_features, hidden)
         self.mix = nn.Linear(2 * hidden, hidden)
         self.head = nn.Linear(hidden, n_actions)
+        self.value = nn.Linear(hidden, 1)
 
     def forward(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        weights = valid.to(rows.dtype).unsqueeze(-1)
         h = torch.relu(self.embed(rows))  # layer 1: per knob
-        weights = valid.to(h.dtype).unsqueeze(-1)
         pooled = (h * weights).sum(-2) / weights.sum(-2).clamp_min(1.0)  # pipeline context
-        context = pooled.unsqueeze(-2).expand_as(h)
-        h = torch.relu(self.mix(torch.cat([h, context], dim=-1)))  # layer 2: knob + pipeline
-        return self.head(h) * weights  # layer 3: one Q-value per action, per knob
+        h = torch.relu(self.mix(torch.cat([h, pooled.unsqueeze(-2).expand_as(h)], dim=-1)))  # layer 2
+        advantage = self.head(h)  # layer 3: per knob, per action
+        value = self.value((h * weights).sum(-2) / weights.sum(-2).clamp_min(1.0)).unsqueeze(-2)
+        return (value + advantage - advantage.mean(-1, keepdim=True)) * weights
 
 
 def parameter_count(net: nn.Module) -> int:

@@ -23,8 +23,8 @@ from intune.agent.evaluate import score_episode
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
 
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
-VALIDATION_PIPELINES = 6
-VALIDATION_TICKS = 120
+VALIDATION_PIPELINES = 8
+VALIDATION_TICKS = 200
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +41,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def validation_sims(config: AgentConfig, n: int = VALIDATION_PIPELINES):
+    """Random pipelines from a seed training never draws, half on the paper's kind of resize schedule
+    (32 -> 64 -> 128 -> 64 -> 32), half from the pretraining distribution."""
+    from intune.sim import Simulator, random_workload
+    from intune.sim.schedule import stepped_schedule
+
     rng = np.random.default_rng(config.seed + VALIDATION_SEED_OFFSET)
-    return [random_sim(rng, config, ticks=VALIDATION_TICKS) for _ in range(n)]
+    sims = []
+    for i in range(n):
+        if i % 2 == 0:
+            schedule = stepped_schedule((32, 64, 128, 64, 32), VALIDATION_TICKS // 5)
+            sims.append(Simulator(random_workload(rng, name=f"validation-{i}"), cpus=schedule, seed=i))
+        else:
+            sims.append(random_sim(rng, config, ticks=VALIDATION_TICKS))
+    return sims
 
 
 def make_evaluator(config: AgentConfig):
@@ -100,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     path, history = pretrain(config, args.out)
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB) in {time.time() - started:.0f}s; "
-          f"final validation score {history.eval_score[-1]:.3f}")
+          f"validation score {max(history.eval_score[len(history.eval_score) // 2:], default=float('nan')):.3f} "
+          f"(network of step {history.best_step})")
     if args.log_json:
         Path(args.log_json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.log_json).write_text(json.dumps({"command": command, "seconds": history.seconds,

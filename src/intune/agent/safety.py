@@ -8,9 +8,10 @@ then resolves the knobs jointly (decreases first, then increases in order of pre
 CPUs and memory last). It must not learn or score actions itself.
 
 Memory is projected pessimistically: every buffer full to its knob's size, and each added worker
-costing the most that one worker was seen to cost (the change of memory outside buffers per worker
-added or removed, over the recent ticks, with a 25% allowance for noise); until a change has been
-seen, the memory outside buffers divided by the workers, an upper bound since it includes the base.
+costing an upper confidence bound of what workers were seen to cost (see ``worker_memory_bytes``);
+until a change has been seen, the memory outside buffers divided by the workers (an upper bound, since
+it includes the base). Whatever the estimate, one +1 worker per tick may be priced at
+``PROBE_WORKER_BYTES``: each such probe sharpens the estimate, so a tight start never deadlocks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from intune.knobs import Knob
 from intune.observation import Observation
 
 MB = 1 << 20
-PROBE_WORKER_BYTES = 512 * MB  # what a first added worker may cost while no worker cost was observed
+PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
 
 
 class SafetyLayer:
@@ -38,16 +39,23 @@ class SafetyLayer:
         self._hi = np.array([k.max for k in self.knobs])[:, None]
         self._last_point: tuple[int, float] | None = None
         self._changes: list[tuple[int, float]] = []  # (change of workers, change of memory outside buffers)
+        self._still: list[float] = []  # change of memory outside buffers on ticks the workers held
 
     # -- projections ---------------------------------------------------------------------------
     def track(self, obs: Observation) -> None:
-        """Learn what a worker costs from how memory outside buffers moved with the worker count."""
+        """Learn what a worker costs from how memory outside buffers moved with the worker count,
+        and how noisy the memory reading is from how it moved while the workers did not."""
         if obs.oom or obs.throughput <= 0:
+            self._last_point = None
             return
         workers = sum(s.workers for s in obs.stages)
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
-        if self._last_point is not None and workers != self._last_point[0]:
-            self._changes = [*self._changes[-15:], (workers - self._last_point[0], outside - self._last_point[1])]
+        if self._last_point is not None:
+            dw, dm = workers - self._last_point[0], outside - self._last_point[1]
+            if dw:
+                self._changes = [*self._changes[-31:], (dw, dm)]
+            else:
+                self._still = [*self._still[-31:], dm]
         self._last_point = (workers, outside)
 
     @property
@@ -55,8 +63,13 @@ class SafetyLayer:
         return bool(self._changes)
 
     def worker_memory_bytes(self, obs: Observation) -> float:
-        """What one more worker may cost: the recent slope of memory over workers (least squares
-        through the origin, +25%), capped by the upper bound (memory outside buffers / workers)."""
+        """What one more worker may cost: an upper confidence bound on the slope of memory over workers.
+
+        The slope is the least-squares fit through the origin of the recent (change of workers, change
+        of memory outside buffers) pairs; two standard errors are added (the error from the memory
+        reading's noise, measured on ticks where the workers did not change, at least 2% of the use),
+        and the result is capped by the plain upper bound (memory outside buffers / workers).
+        """
         workers = sum(s.workers for s in obs.stages)
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
         upper = max(0.0, outside) / max(workers, 1)
@@ -64,8 +77,10 @@ class SafetyLayer:
             return upper
         dw = np.array([c[0] for c in self._changes], dtype=float)
         dm = np.array([c[1] for c in self._changes])
-        slope = max(0.0, float(np.dot(dw, dm) / np.dot(dw, dw)))
-        return min(upper, 1.25 * slope)
+        slope = float(np.dot(dw, dm) / np.dot(dw, dw))
+        noise = max(0.02 * obs.memory_used_bytes * np.sqrt(2.0),
+                    float(np.sqrt(np.mean(np.square(self._still)))) if len(self._still) >= 5 else 0.0)
+        return float(min(upper, max(0.0, slope + 2.0 * noise / np.sqrt(np.dot(dw, dw)))))
 
     def worst_case_memory(self, obs: Observation, values: Sequence[int]) -> float:
         """Memory if every buffer filled to its knob's size (never less than what is used now)."""
@@ -115,10 +130,11 @@ class SafetyLayer:
         budget = self.memory_budget(obs, values)
         per_worker = self.worker_memory_bytes(obs)
         cost = step * np.where(self._is_cpu, per_worker, float(MB))[:, None]
-        if not self.knows_worker_cost:  # a single +1 probe is priced at most PROBE_WORKER_BYTES
-            probe = self._is_cpu[:, None] & (step == 1)
-            cost = np.where(probe, np.minimum(cost, PROBE_WORKER_BYTES), cost)
-        cpu_ok = ~self._is_cpu[:, None] | (step <= free_cpus)
+        probe = self._is_cpu[:, None] & (step == 1)  # one +1 per tick is priced at most PROBE_WORKER_BYTES
+        cost = np.where(probe, np.minimum(cost, PROBE_WORKER_BYTES), cost)
+        # a worker may be added if the free CPUs, plus what the other stages could give up this tick, allow it
+        movable = np.minimum(v[:, 0] - lo[:, 0], int(-self.deltas.min())) * self._is_cpu
+        cpu_ok = ~self._is_cpu[:, None] | (step <= max(free_cpus, 0) + (movable.sum() - movable)[:, None])
         allowed &= ~up | (cpu_ok & (cost <= budget))
 
         danger = obs.oom or (obs.memory_limit_bytes > 0 and obs.memory_used_bytes > self.margin * obs.memory_limit_bytes)
@@ -132,43 +148,71 @@ class SafetyLayer:
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:
-        """Action index per knob: each knob's best allowed move, then increases granted jointly.
+        """Action index per knob maximising the summed scores of all knobs under the joint limits.
 
-        Increases are granted in order of their advantage over holding, while the free CPUs and the
-        memory budget last; an increase that does not fit falls back to the best smaller increase that
-        does, else to holding.
+        CPUs: the workers added this tick, net of those removed, may not exceed the free CPUs (or zero
+        when the CPUs shrank below the allocation): solved exactly by a dynamic programme over the
+        knobs, so a worker can move from a stage with slack to the bottleneck within one tick.
+        Memory: then, increases whose memory does not fit the budget are dropped, least preferred
+        first (one +1 worker per tick may be priced at ``PROBE_WORKER_BYTES``).
         """
         values = [k.value for k in self.knobs] if values is None else list(values)
         unit = self.units(obs)
         masked = np.where(allowed, scores, -np.inf)
         choice = masked.argmax(axis=1)
-        chosen = self.deltas[choice] * unit
-        cpu_budget = int(np.floor(obs.free_cpus + 1e-9)) - int(chosen[self._is_cpu & (chosen < 0)].sum())
+        cpu = np.flatnonzero(self._is_cpu)
+        if len(cpu):
+            budget = max(int(np.floor(obs.free_cpus + 1e-9)), 0)
+            choice[cpu] = self._best_under_cpu_budget(masked[cpu], budget)
+
         mem_budget = self.memory_budget(obs, values)
         per_worker = self.worker_memory_bytes(obs)
-        # shrinking buffers frees memory; a removed worker's memory is not counted on
-        mem_budget -= float(chosen[~self._is_cpu & (chosen < 0)].sum()) * MB
-
-        probing = not self.knows_worker_cost
-        rising = np.flatnonzero(chosen > 0)
-        advantage = masked[rising, choice[rising]] - masked[rising, self.zero]
-        for k in rising[np.argsort(-advantage, kind="stable")]:
-            # the wanted increase, else smaller increases in order of preference; never a decrease
-            options = [a for a in np.argsort(-masked[k], kind="stable")
-                       if allowed[k, a] and 0 < self.deltas[a] <= self.deltas[choice[k]]]
-            choice[k] = self.zero
-            for a in options:
-                d = int(self.deltas[a] * unit[k])
-                cost = d * (per_worker if self._is_cpu[k] else float(MB))
-                if self._is_cpu[k]:
-                    if d > cpu_budget:
-                        continue
-                    if cost > mem_budget and probing and d == 1:  # cost unknown: one probe worker per tick
-                        cost, probing = min(cost, PROBE_WORKER_BYTES), False
-                if cost <= mem_budget:
-                    choice[k] = a
-                    if self._is_cpu[k]:
-                        cpu_budget -= d
-                    mem_budget -= cost
-                    break
+        moves = self.deltas[choice] * unit
+        mem_budget -= float(moves[~self._is_cpu & (moves < 0)].sum()) * MB  # shrinking buffers frees memory
+        cost = np.where(self._is_cpu, per_worker, float(MB)) * np.maximum(moves, 0)
+        if cost.sum() > mem_budget:
+            rising = np.flatnonzero(moves > 0)
+            advantage = masked[rising, choice[rising]] - masked[rising, self.zero]
+            probing = True
+            for k in rising[np.argsort(-advantage, kind="stable")]:
+                c = cost[k]
+                if self._is_cpu[k] and moves[k] == 1 and probing and c > mem_budget:
+                    c, probing = min(c, PROBE_WORKER_BYTES), False
+                if c <= mem_budget:
+                    mem_budget -= c
+                else:
+                    choice[k] = self.zero
         return choice
+
+    def _best_under_cpu_budget(self, scores: np.ndarray, budget: int) -> np.ndarray:
+        """argmax of sum_k scores[k, a_k] subject to sum_k deltas[a_k] <= budget (dynamic programme)."""
+        n, reach = len(scores), int(np.abs(self.deltas).max())
+        offset = n * reach
+        width = 2 * offset + 1
+        best = np.full(width, -np.inf)
+        best[offset] = 0.0
+        picks = np.zeros((n, width), dtype=np.int64)
+        order = np.argsort(np.abs(self.deltas), kind="stable")  # on ties, prefer holding, then small moves
+        for k in range(n):
+            nxt = np.full(width, -np.inf)
+            for a in order:
+                d = int(self.deltas[a])
+                if not np.isfinite(scores[k, a]):
+                    continue
+                shifted = np.full(width, -np.inf)
+                if d >= 0:
+                    shifted[d:] = best[: width - d]
+                else:
+                    shifted[:d] = best[-d:]
+                cand = shifted + scores[k, a]
+                better = cand > nxt
+                nxt[better] = cand[better]
+                picks[k, better] = a
+            best = nxt
+        limit = min(offset + budget, width - 1)
+        total = int(np.argmax(best[: limit + 1]))
+        out = np.empty(n, dtype=np.int64)
+        for k in range(n - 1, -1, -1):
+            out[k] = picks[k, total]
+            total -= int(self.deltas[out[k]])
+        return out
