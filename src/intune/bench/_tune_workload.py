@@ -1,0 +1,373 @@
+"""The workload of ``intune bench tune`` and the measurements its three benchmarks share.
+
+Owns the live benchmark pipeline (an id source, an I/O-waiting reader, a shuffle, a CPU-heavy
+pure-Python UDF in process workers, batching and prefetch), the exactly-once row counter, the
+consumer loop that records when rows arrived, the rate timeline computed from those arrivals, the
+"first time a rate was sustained" rule, the exhaustive search over worker allocations, and one live
+run of a policy from the even split (with CPU changes at given times). It must not decide targets or
+print tables (``tune_live`` does) nor change the machine itself (``_tune_machine`` does).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from intune.bench._tune_machine import CpuRestriction
+from intune.pipeline import Pipeline
+
+ROW_ID = "row_id"
+PAYLOAD = "payload"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The live pipeline's shape: per-chunk I/O wait, per-row CPU work, buffers."""
+
+    chunk_rows: int = 512
+    """Rows per source chunk (one storage read)."""
+    io_ms: float = 40.0
+    """Storage latency per chunk: the reader sleeps this long (no CPU), so more reader threads help."""
+    udf_loops: int = 600
+    """Pure-Python loop iterations per row in the UDF (holds the GIL: only process workers scale)."""
+    payload_floats: int = 16
+    """float32 values per row carried through the pipeline (sets row bytes, hence buffer memory)."""
+    shuffle_rows: int = 4096
+    """Shuffle window in rows; the ``shuffle.buffer_mb`` knob caps it by memory."""
+    shuffle_mb: int = 64
+    prefetch_depth: int = 8
+    prefetch_mb: int = 64
+    batch_rows: int = 1024
+
+
+class RowSource:
+    """Callable source of ``row_id`` chunks (cheap to make) that stops cleanly on request.
+
+    ``stop()`` ends the epoch after the chunk in hand, so everything produced can then be drained
+    and counted: ``produced`` is the number of rows handed to the pipeline.
+    """
+
+    def __init__(self, chunk_rows: int, max_chunks: int = 1 << 40) -> None:
+        self.chunk_rows = chunk_rows
+        self.max_chunks = max_chunks
+        self.produced = 0
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __call__(self) -> Iterator[dict[str, np.ndarray]]:
+        for index in range(self.max_chunks):
+            if self._stop.is_set():
+                return
+            lo = index * self.chunk_rows
+            self.produced = lo + self.chunk_rows
+            yield {ROW_ID: np.arange(lo, lo + self.chunk_rows, dtype=np.int64)}
+
+
+def read_from_storage(
+    chunk: dict[str, np.ndarray], io_ms: float, payload_floats: int
+) -> dict[str, np.ndarray]:
+    """The I/O-waiting reader: wait ``io_ms`` as a storage read would (releasing the GIL), add the payload."""
+    time.sleep(io_ms / 1e3)
+    ids = chunk[ROW_ID]
+    payload = np.empty((len(ids), payload_floats), dtype=np.float32)
+    payload[:] = (ids % 1000).astype(np.float32)[:, None]
+    return {ROW_ID: ids, PAYLOAD: payload}
+
+
+def hash_features(chunk: dict[str, np.ndarray], loops: int) -> dict[str, np.ndarray]:
+    """The CPU-heavy UDF: a pure-Python hash of every row id, ``loops`` rounds per row (GIL-bound)."""
+    out = []
+    for rid in chunk[ROW_ID].tolist():
+        h = rid
+        for _ in range(loops):
+            h = (h * 1103515245 + 12345) & 0x7FFFFFFF
+        out.append(h)
+    return {**chunk, "hashed": np.asarray(out, dtype=np.int64)}
+
+
+def build_pipeline(workload: Workload, source: RowSource) -> Pipeline:
+    """ids -> read (thread, sleeps) -> shuffle -> udf (process, pure Python) -> batch -> prefetch."""
+    reader = functools.partial(
+        read_from_storage, io_ms=workload.io_ms, payload_floats=workload.payload_floats
+    )
+    udf = functools.partial(hash_features, loops=workload.udf_loops)
+    return (
+        Pipeline.from_iterable(source, name="ids", deterministic=False)
+        .map(reader, name="read", mode="thread")
+        .shuffle(buffer_rows=workload.shuffle_rows, seed=0, buffer_mb=workload.shuffle_mb)
+        .map(udf, name="udf", mode="process")
+        .batch(workload.batch_rows)
+        .prefetch(depth=workload.prefetch_depth, buffer_mb=workload.prefetch_mb)
+    )
+
+
+# -- counting what the consumer receives ----------------------------------------------------------
+
+
+class RowCounter:
+    """How many times each row id was delivered; grows as ids grow."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(1 << 16, dtype=np.int32)
+        self.rows = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            return
+        if ids.min() < 0:
+            raise ValueError(f"negative row id {int(ids.min())} delivered")
+        top = int(ids.max()) + 1
+        if top > len(self.counts):
+            grown = np.zeros(max(top, 2 * len(self.counts)), dtype=np.int32)
+            grown[: len(self.counts)] = self.counts
+            self.counts = grown
+        np.add.at(self.counts, ids, 1)
+        self.rows += int(ids.size)
+
+    def check(self, produced: int) -> dict[str, int]:
+        """Against ids ``0..produced-1``: how many were missing, repeated, or never produced."""
+        counts = self.counts
+        head = (
+            counts[:produced]
+            if produced <= len(counts)
+            else np.concatenate([counts, np.zeros(produced - len(counts), dtype=np.int32)])
+        )
+        return {
+            "produced": int(produced),
+            "delivered": int(self.rows),
+            "missing": int(np.count_nonzero(head == 0)),
+            "repeated": int(np.count_nonzero(head > 1)),
+            "unexpected": int(counts[produced:].sum()) if produced < len(counts) else 0,
+        }
+
+
+@dataclass
+class Arrivals:
+    """When rows reached the consumer: (seconds since start, rows) per batch."""
+
+    start: float = field(default_factory=time.monotonic)
+    times: list[float] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+
+    def record(self, rows: int) -> None:
+        self.times.append(time.monotonic() - self.start)
+        self.rows.append(rows)
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Mean rows/s over ``[t0, t1)``."""
+        if t1 <= t0:
+            return 0.0
+        t = np.asarray(self.times)
+        r = np.asarray(self.rows)
+        return float(r[(t >= t0) & (t < t1)].sum() / (t1 - t0))
+
+    def timeline(self, end_s: float, bin_s: float = 1.0) -> np.ndarray:
+        """Rows/s in consecutive bins of ``bin_s`` from 0 to ``end_s``."""
+        bins = max(1, int(np.ceil(end_s / bin_s)))
+        hist, _ = np.histogram(self.times, bins=bins, range=(0.0, bins * bin_s), weights=self.rows)
+        return hist / bin_s
+
+
+def consume(
+    batches: Iterator[Mapping[str, np.ndarray]],
+    seconds: float,
+    counter: RowCounter | None,
+    arrivals: Arrivals,
+    on_tick: Callable[[float], None] | None = None,
+) -> None:
+    """Pull batches until ``seconds`` after ``arrivals.start`` (or the epoch ends), counting row ids.
+
+    ``on_tick(elapsed)`` runs between batches (a phase change of the CPU-resize benchmark).
+    """
+    for batch in batches:
+        ids = batch[ROW_ID]
+        if counter is not None:
+            counter.add(ids)
+        arrivals.record(len(ids))
+        elapsed = time.monotonic() - arrivals.start
+        if on_tick is not None:
+            on_tick(elapsed)
+        if elapsed >= seconds:
+            return
+
+
+def first_sustained(
+    rates: Sequence[float], threshold: float, window: int, start: int = 0, bin_s: float = 1.0
+) -> float | None:
+    """Seconds after bin ``start`` from which the mean rate over the next ``window`` bins is >= ``threshold``.
+
+    ``None`` if it never is (a window must fit wholly after ``start``).
+    """
+    values = np.asarray(rates, dtype=float)
+    window = max(1, window)
+    for i in range(start, len(values) - window + 1):
+        if values[i : i + window].mean() >= threshold:
+            return (i - start) * bin_s
+    return None
+
+
+# -- the exhaustive search ------------------------------------------------------------------------
+
+
+def allocations(grid: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
+    """Every combination of the grid's values, knob by knob, in grid order."""
+    names = list(grid)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best allocation and every measurement (allocation, rows/s) the search made."""
+
+    best: dict[str, int]
+    best_rows_per_s: float
+    measured: list[tuple[dict[str, int], float]]
+
+    def best_within(self, cpu_cap: int) -> tuple[dict[str, int], float]:
+        """The best allocation whose workers sum to at most ``cpu_cap`` (what the runner's clamp allows)."""
+        fits = [(a, r) for a, r in self.measured if sum(a.values()) <= cpu_cap]
+        if not fits:
+            return {}, 0.0
+        return max(fits, key=lambda ar: ar[1])
+
+
+def exhaustive_search(
+    grid: Mapping[str, Sequence[int]], measure: Callable[[dict[str, int]], float]
+) -> SearchResult:
+    """Measure every allocation of ``grid`` with ``measure`` (rows/s) and keep the best."""
+    measured = [(alloc, float(measure(alloc))) for alloc in allocations(grid)]
+    if not measured:
+        raise ValueError("exhaustive search: the grid is empty")
+    best, rate = max(measured, key=lambda ar: ar[1])
+    return SearchResult(best=best, best_rows_per_s=rate, measured=measured)
+
+
+def live_measure(
+    pipe: Pipeline, batches: Iterator[Mapping[str, Any]], warmup_s: float, measure_s: float
+) -> Callable[[dict[str, int]], float]:
+    """A ``measure`` for ``exhaustive_search`` on a running pipeline: set the knobs live, let the
+    pipeline settle for ``warmup_s``, then count rows at the consumer for ``measure_s``."""
+
+    def measure(alloc: dict[str, int]) -> float:
+        for name, value in alloc.items():
+            pipe.knobs[name].set(value)
+        consume(batches, warmup_s, None, Arrivals())
+        arrivals = Arrivals()
+        consume(batches, measure_s, None, arrivals)
+        return sum(arrivals.rows) / arrivals.times[-1] if arrivals.times else 0.0
+
+    return measure
+
+
+def drain(batches: Iterable[Mapping[str, np.ndarray]], counter: RowCounter) -> None:
+    """Count every batch left in the epoch (after the source was stopped)."""
+    for batch in batches:
+        counter.add(batch[ROW_ID])
+
+
+# -- one policy, live -------------------------------------------------------------------------------
+
+
+@dataclass
+class LiveRun:
+    """What one policy's run left: arrivals, the exactly-once check, the tuner's history."""
+
+    policy: str
+    arrivals: Arrivals
+    check: dict[str, int]
+    history: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    failures: dict[str, int]
+
+
+def run_policy(
+    policy: str,
+    workload: Workload,
+    seconds: float,
+    tick_s: float,
+    phases: Sequence[tuple[float, int]] = (),
+) -> LiveRun:
+    """Run ``policy`` from the even split for ``seconds``; ``phases`` = (start_s, cpus) CPU changes."""
+    from intune import monitor
+    from intune.policies import even_split
+    from intune.tuner import tune
+
+    source = RowSource(workload.chunk_rows)
+    pipe = build_pipeline(workload, source)
+    for name, value in even_split(pipe.knobs, monitor.available_cpus()).items():
+        pipe.knobs[name].set(value)
+    counter, arrivals, events = RowCounter(), Arrivals(), []
+    restriction = CpuRestriction()
+    pending = sorted(phases)
+
+    def on_tick(elapsed: float) -> None:
+        while pending and elapsed >= pending[0][0]:
+            _, cpus = pending.pop(0)
+            restriction.limit(cpus)
+            events.append(
+                {
+                    "time_s": time.monotonic() - arrivals.start,
+                    "cpus": cpus,
+                    "monitor_cpus": monitor.available_cpus(),
+                }
+            )
+
+    tuner = tune(pipe, policy=policy, tick_s=tick_s)
+    try:
+        batches = iter(tuner)
+        arrivals.start = time.monotonic()
+        consume(batches, seconds, counter, arrivals, on_tick)
+        source.stop()
+        tuner.stop()
+        drain(batches, counter)
+    finally:
+        tuner.close()
+        if phases:
+            restriction.restore()
+    return LiveRun(policy, arrivals, counter.check(source.produced), tuner.history(), events, tuner.failures)
+
+
+def search_best(
+    workload: Workload,
+    grid: Mapping[str, Sequence[int]],
+    warmup_s: float,
+    measure_s: float,
+    cpus: int | None = None,
+) -> SearchResult:
+    """The exhaustive search on a live pipeline, optionally restricted to ``cpus`` CPUs."""
+    restriction = CpuRestriction()
+    if cpus is not None:
+        restriction.limit(cpus)
+    source = RowSource(workload.chunk_rows)
+    pipe = build_pipeline(workload, source)
+    try:
+        batches = iter(pipe)
+        return exhaustive_search(grid, live_measure(pipe, batches, warmup_s, measure_s))
+    finally:
+        source.stop()
+        pipe.close()
+        if cpus is not None:
+            restriction.restore()
+
+
+def grid_cpu_budget(workload: Workload, grid: Mapping[str, Sequence[int]], cpus: float) -> int:
+    """How many workers the grid's knobs may hold together under the runner's clamp
+    (``clamp_request``: the ``cpu`` knobs sum to at most ``max(int(cpus), sum of their minimums)``),
+    after the ``cpu`` knobs outside the grid (the id source's fixed worker) take their minimum."""
+    pipe = build_pipeline(workload, RowSource(workload.chunk_rows))
+    try:
+        cpu_knobs = [k for k in pipe.knobs.values() if k.unit == "cpu"]
+        cap = max(int(cpus), sum(k.min for k in cpu_knobs))
+        return cap - sum(k.min for k in cpu_knobs if k.name not in grid)
+    finally:
+        pipe.close()

@@ -1,0 +1,445 @@
+"""``intune bench tune``: tuning policies on the real engine on this machine (issue 4, items 6-8).
+
+1. convergence: an exhaustive search over the worker allocations finds the best rows/s of the
+   benchmark pipeline (``_tune_workload``); then every policy runs live from the even split and we
+   report its rows/s over the last 15 s and when it first sustained >= 90% of that best;
+2. resize: mid-run the process is restricted to 1 CPU and later given 2 back (``_tune_machine``:
+   affinity of every thread and child process); we report how long each policy takes to reach 90% of
+   the per-phase best again and that every row arrived exactly once;
+3. memory: the pipeline runs in a child process inside a cgroup-v1 memory cgroup whose limit the even
+   split's buffers exceed; we report whether each policy got the child OOM-killed.
+
+This module owns the three benchmarks, their targets, their settings and the CLI. It must not change
+the engine, the tuner or any policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from intune.bench import _tune_workload as wl
+from intune.bench._tune_machine import MemoryCgroup, memory_cgroup_unavailable
+from intune.bench.results import format_table, write_json
+
+MB = 1 << 20
+BENCHMARKS = ("convergence", "resize", "memory")
+DEFAULT_POLICIES = ("intune", "heuristic", "plumber-adaptive", "autotune-adaptive")
+
+
+# -- settings -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Durations and grids of one run (``--quick`` shrinks them)."""
+
+    search_grid: dict[str, list[int]]
+    warmup_s: float
+    measure_s: float
+    run_s: float  # each policy's convergence run
+    tail_s: float  # the closing window whose rows/s is reported
+    phase_s: float  # each phase of the resize run
+    window_bins: int  # seconds a rate must hold to count as reached
+    memory_s: float
+    memory_limit_mb: int
+    tick_s: float
+
+    @classmethod
+    def make(cls, quick: bool, tick_s: float) -> Settings:
+        if quick:
+            return cls(
+                search_grid={"read.workers": [1, 2], "udf.workers": [1, 2]},
+                warmup_s=0.7,
+                measure_s=1.2,
+                run_s=8.0,
+                tail_s=3.0,
+                phase_s=6.0,
+                window_bins=2,
+                memory_s=10.0,
+                memory_limit_mb=1024,
+                tick_s=tick_s,
+            )
+        return cls(
+            search_grid={"read.workers": [1, 2, 4], "udf.workers": [1, 2, 3]},
+            warmup_s=2.0,
+            measure_s=3.0,
+            run_s=60.0,
+            tail_s=15.0,
+            phase_s=45.0,
+            window_bins=5,
+            memory_s=45.0,
+            memory_limit_mb=1024,
+            tick_s=tick_s,
+        )
+
+
+def memory_workload() -> wl.Workload:
+    """Big rows and big buffers: the even split's shuffle buffer alone is over the cgroup limit."""
+    return wl.Workload(
+        chunk_rows=256,
+        io_ms=5.0,
+        udf_loops=50,
+        payload_floats=2048,
+        shuffle_rows=1 << 20,
+        shuffle_mb=1536,
+        prefetch_depth=64,
+        prefetch_mb=512,
+        batch_rows=256,
+    )
+
+
+def _row(
+    benchmark: str, policy: str, metric: str, value: Any, target: str = "", unit: str = ""
+) -> dict[str, Any]:
+    """One result; ``target`` is ``">= x"``, ``"<= x"``, ``"= x"``, ``"no"`` or free text (no verdict)."""
+    return {
+        "benchmark": benchmark,
+        "policy": policy,
+        "metric": metric,
+        "value": value,
+        "target": target,
+        "unit": unit,
+        "meets": meets(value, target),
+    }
+
+
+def meets(value: Any, target: str) -> bool | None:
+    """Whether ``value`` meets ``target``; ``None`` when the target is not a comparison.
+
+    A missing value (a rate never reached) fails an upper bound.
+    """
+    if target == "no":
+        return value is False
+    op, _, number = target.partition(" ")
+    try:
+        bound = float(number.split()[0])
+    except (ValueError, IndexError):
+        return None
+    if op not in (">=", "<=", "="):
+        return None
+    if value is None or isinstance(value, (bool, str)):
+        return False
+    return {">=": value >= bound, "<=": value <= bound, "=": value == bound}[op]
+
+
+def _fmt_alloc(alloc: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in alloc.items()) or "-"
+
+
+def _save_history(directory: str | None, name: str, history: list[dict[str, Any]]) -> None:
+    if directory:
+        out = Path(directory) / f"{name}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(row) + "\n" for row in history))
+
+
+def _exactly_once_rows(benchmark: str, policy: str, check: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        _row(
+            benchmark, policy, "rows_delivered", check["delivered"], f"= {check['produced']} produced", "rows"
+        ),
+        _row(benchmark, policy, "rows_missing", check["missing"], "= 0", "rows"),
+        _row(benchmark, policy, "rows_repeated", check["repeated"] + check["unexpected"], "= 0", "rows"),
+    ]
+
+
+# -- the three benchmarks --------------------------------------------------------------------------------
+
+
+def bench_convergence(
+    policies: Sequence[str], s: Settings, searches: dict[int, wl.SearchResult], history_dir: str | None
+) -> list[dict[str, Any]]:
+    from intune import monitor
+
+    workload = wl.Workload()
+    cpus = int(monitor.available_cpus())
+    if cpus not in searches:
+        searches[cpus] = wl.search_best(workload, s.search_grid, s.warmup_s, s.measure_s)
+    search = searches[cpus]
+    best = search.best_rows_per_s
+    within, within_rate = search.best_within(wl.grid_cpu_budget(workload, s.search_grid, cpus))
+    rows = [
+        _row("convergence", "exhaustive", "best_rows_per_s", best, "", "rows/s"),
+        _row("convergence", "exhaustive", "best_allocation", _fmt_alloc(search.best)),
+        _row(
+            "convergence",
+            "exhaustive",
+            "best_within_cpu_budget_rows_per_s",
+            within_rate,
+            _fmt_alloc(within),
+            "rows/s",
+        ),
+    ]
+    for policy in policies:
+        print(f"convergence: {policy} for {s.run_s:.0f} s", flush=True)
+        try:
+            run = wl.run_policy(policy, workload, s.run_s, s.tick_s)
+        except Exception as exc:  # noqa: BLE001 - one policy failing must not hide the others
+            rows.append(_row("convergence", policy, "error", f"{type(exc).__name__}: {exc}"))
+            continue
+        _save_history(history_dir, f"convergence-{policy}", run.history)
+        rates = run.arrivals.timeline(s.run_s)
+        tail = run.arrivals.rate(s.run_s - s.tail_s, s.run_s)
+        reached = wl.first_sustained(rates, 0.9 * best, s.window_bins)
+        knobs = run.history[-1]["knobs"] if run.history else {}
+        rows += [
+            _row("convergence", policy, f"rows_per_s_last_{s.tail_s:.0f}s", tail, "", "rows/s"),
+            _row("convergence", policy, "fraction_of_best", tail / best if best else 0.0, ">= 0.9", "x"),
+            _row(
+                "convergence",
+                policy,
+                "fraction_of_cpu_budget_best",
+                tail / within_rate if within_rate else 0.0,
+                ">= 0.9",
+                "x",
+            ),
+            _row("convergence", policy, "time_to_90pct_s", reached, f"<= {s.run_s:.0f}", "s"),
+            _row(
+                "convergence",
+                policy,
+                "final_allocation",
+                _fmt_alloc({k: v for k, v in knobs.items() if k.endswith("workers")}),
+            ),
+            *_exactly_once_rows("convergence", policy, run.check),
+        ]
+    return rows
+
+
+def bench_resize(
+    policies: Sequence[str], s: Settings, searches: dict[int, wl.SearchResult], history_dir: str | None
+) -> list[dict[str, Any]]:
+    from intune import monitor
+
+    full = int(monitor.available_cpus())
+    if full < 2:
+        return [_row("resize", "-", "skipped", f"needs 2 CPUs, this process has {full}")]
+    workload = wl.Workload()
+    for cpus in (full, 1):
+        if cpus not in searches:
+            searches[cpus] = wl.search_best(
+                workload, s.search_grid, s.warmup_s, s.measure_s, cpus if cpus != full else None
+            )
+    phases = [(0.0, full), (s.phase_s, 1), (2 * s.phase_s, full)]
+    rows = [
+        _row(
+            "resize",
+            "exhaustive",
+            f"best_rows_per_s_{c}cpu",
+            searches[c].best_rows_per_s,
+            _fmt_alloc(searches[c].best),
+            "rows/s",
+        )
+        for c in (full, 1)
+    ]
+    for policy in policies:
+        print(f"resize: {policy} for {3 * s.phase_s:.0f} s ({full} -> 1 -> {full} CPUs)", flush=True)
+        try:
+            run = wl.run_policy(policy, workload, 3 * s.phase_s, s.tick_s, phases=phases[1:])
+        except Exception as exc:  # noqa: BLE001 - one policy failing must not hide the others
+            rows.append(_row("resize", policy, "error", f"{type(exc).__name__}: {exc}"))
+            continue
+        _save_history(history_dir, f"resize-{policy}", run.history)
+        rates = run.arrivals.timeline(3 * s.phase_s)
+        for i, (start, cpus) in enumerate(phases):
+            end = int(start + s.phase_s)
+            best = searches[cpus].best_rows_per_s
+            seen = next(
+                (e["monitor_cpus"] for e in run.events if e["cpus"] == cpus and e["time_s"] >= start - 1),
+                None,
+            )
+            t = wl.first_sustained(rates[:end], 0.9 * best, s.window_bins, start=int(start))
+            rows.append(
+                _row(
+                    "resize",
+                    policy,
+                    f"phase{i}_{cpus}cpu_reconverge_s",
+                    t,
+                    f"<= {min(30.0 if i else 60.0, s.phase_s):.0f}",
+                    "s",
+                )
+            )
+            rows.append(
+                _row(
+                    "resize",
+                    policy,
+                    f"phase{i}_{cpus}cpu_rows_per_s",
+                    run.arrivals.rate(start, start + s.phase_s),
+                    "",
+                    "rows/s",
+                )
+            )
+            if i:
+                rows.append(_row("resize", policy, f"phase{i}_monitor_cpus", seen, f"= {cpus}", "cpus"))
+        rows += _exactly_once_rows("resize", policy, run.check)
+    return rows
+
+
+def memory_child(config_path: str) -> None:
+    """Entry point of the memory benchmark's child (already inside its cgroup): run, write results."""
+    config = json.loads(Path(config_path).read_text())
+    workload = wl.Workload(**config["workload"])
+    run = wl.run_policy(config["policy"], workload, config["seconds"], config["tick_s"])
+    peak = max((row.get("memory_used") or 0 for row in run.history), default=0)
+    Path(config["out"]).write_text(
+        json.dumps(
+            {
+                "rows_per_s": sum(run.arrivals.rows) / max(1e-9, config["seconds"]),
+                "check": run.check,
+                "peak_memory_used": peak,
+                "failures": run.failures,
+                "history": run.history,
+            }
+        )
+    )
+
+
+def bench_memory(policies: Sequence[str], s: Settings, history_dir: str | None) -> list[dict[str, Any]]:
+    reason = memory_cgroup_unavailable()
+    if reason:
+        print(f"memory: skipped, cannot create a memory cgroup here: {reason}", flush=True)
+        return [_row("memory", "-", "skipped", f"no writable memory cgroup: {reason}")]
+    workload = memory_workload()
+    limit = s.memory_limit_mb * MB
+    rows = [
+        _row(
+            "memory",
+            "-",
+            "limit_mb",
+            s.memory_limit_mb,
+            f"< shuffle {workload.shuffle_mb} + prefetch {workload.prefetch_mb} MB",
+            "MB",
+        )
+    ]
+    for policy in policies:
+        print(f"memory: {policy} for {s.memory_s:.0f} s under {s.memory_limit_mb} MB", flush=True)
+        group = MemoryCgroup(limit)
+        with tempfile.TemporaryDirectory(prefix="intune-bench-mem-") as tmp:
+            cfg, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
+            cfg.write_text(
+                json.dumps(
+                    {
+                        "policy": policy,
+                        "seconds": s.memory_s,
+                        "tick_s": s.tick_s,
+                        "workload": asdict(workload),
+                        "out": str(out),
+                    }
+                )
+            )
+            code = (
+                "import os, sys; open(sys.argv[2], 'w').write(str(os.getpid())); "
+                "from intune.bench.tune_live import memory_child; memory_child(sys.argv[1])"
+            )
+            try:
+                child = subprocess.Popen([sys.executable, "-c", code, str(cfg), str(group.procs_file)])
+                try:
+                    rc = child.wait(timeout=s.memory_s + 120)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    rc = child.wait()
+                stats = group.stats()
+            finally:
+                group.cleanup()
+            result = json.loads(out.read_text()) if out.exists() else None
+        killed = rc == -signal.SIGKILL or stats["oom_kill"] > 0
+        rows += [
+            _row("memory", policy, "oom_killed", killed, "no"),
+            _row("memory", policy, "oom_kill_events", stats["oom_kill"], "= 0"),
+            _row("memory", policy, "limit_hits_failcnt", stats["failcnt"], "", "count"),
+            _row("memory", policy, "peak_usage_mb", stats["max_usage_bytes"] / MB, "", "MB"),
+            _row("memory", policy, "child_exit", rc, "= 0"),
+        ]
+        if result is not None:
+            _save_history(history_dir, f"memory-{policy}", result["history"])
+            rows.append(_row("memory", policy, "rows_per_s", result["rows_per_s"], "", "rows/s"))
+            rows += _exactly_once_rows("memory", policy, result["check"])
+    return rows
+
+
+# -- CLI ----------------------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick", action="store_true", help="short phases (a few seconds each): a CI smoke run"
+    )
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help=f"comma-separated policies (default: {','.join(DEFAULT_POLICIES)}; intune only if it loads)",
+    )
+    parser.add_argument(
+        "--only", default=None, help=f"comma-separated benchmarks among {','.join(BENCHMARKS)}"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    parser.add_argument(
+        "--history", metavar="DIR", help="write each run's tuner history as JSON lines under DIR"
+    )
+    parser.add_argument(
+        "--tick", type=float, default=1.0, help="seconds between the tuner's decisions (default 1)"
+    )
+
+
+def _split(text: str | None, valid: Sequence[str] | None, what: str) -> list[str] | None:
+    if not text:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if valid is not None and n not in valid]
+    if bad:
+        raise SystemExit(f"unknown {what} {bad}; choose from {list(valid or [])}")
+    return names
+
+
+def default_policies() -> list[str]:
+    """intune when its weights load, then the baselines it is compared with."""
+    from intune.policies import make
+
+    names = list(DEFAULT_POLICIES)
+    try:
+        make("intune")
+    except Exception as exc:  # noqa: BLE001 - missing weights or torch: compare the others
+        print(f"intune policy unavailable ({type(exc).__name__}: {exc}); comparing the others", flush=True)
+        names.remove("intune")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from intune.policies import POLICY_NAMES
+
+    policies = _split(args.policies, POLICY_NAMES, "policies") or default_policies()
+    only = _split(args.only, BENCHMARKS, "benchmarks") or list(BENCHMARKS)
+    settings = Settings.make(bool(args.quick), float(args.tick))
+    searches: dict[int, wl.SearchResult] = {}
+    rows: list[dict[str, Any]] = []
+    print(f"policies compared: {', '.join(policies)}", flush=True)
+    if "convergence" in only:
+        rows += bench_convergence(policies, settings, searches, args.history)
+    if "resize" in only:
+        rows += bench_resize(policies, settings, searches, args.history)
+    if "memory" in only:
+        rows += bench_memory(policies, settings, args.history)
+    print(format_table(rows, ["benchmark", "policy", "metric", "value", "target", "unit", "meets"]))
+    if args.json:
+        search_rows = {
+            str(c): [{"allocation": a, "rows_per_s": r} for a, r in res.measured]
+            for c, res in searches.items()
+        }
+        write_json(
+            args.json,
+            rows,
+            benchmark="tune",
+            policies=policies,
+            quick=bool(args.quick),
+            settings=asdict(replace(settings)),
+            searches=search_rows,
+        )
+    return 0

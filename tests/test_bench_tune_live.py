@@ -1,0 +1,177 @@
+"""``intune bench tune``: the search, the rate rules, the exactly-once counter, the CPU and cgroup
+helpers, and a short live run of a policy on the real engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from intune.bench import _tune_machine as machine
+from intune.bench import _tune_workload as wl
+from intune.bench import tune_live as tl
+
+
+def test_exhaustive_search_keeps_the_best_of_every_allocation() -> None:
+    grid = {"read.workers": [1, 2, 4], "udf.workers": [1, 2, 3]}
+    calls: list[dict[str, int]] = []
+
+    def fake(alloc: dict[str, int]) -> float:
+        calls.append(dict(alloc))
+        return 100.0 - (alloc["read.workers"] - 2) ** 2 * 10 - (alloc["udf.workers"] - 3) ** 2
+
+    result = wl.exhaustive_search(grid, fake)
+    assert len(calls) == 9 and calls[0] == {"read.workers": 1, "udf.workers": 1}
+    assert result.best == {"read.workers": 2, "udf.workers": 3}
+    assert result.best_rows_per_s == 100.0
+    # within 3 workers: (1,2)=89, (2,1)=96 -> (2,1)
+    assert result.best_within(3) == ({"read.workers": 2, "udf.workers": 1}, 96.0)
+    assert result.best_within(1) == ({}, 0.0)
+    with pytest.raises(ValueError, match="grid is empty"):
+        wl.exhaustive_search({"read.workers": []}, fake)
+
+
+def test_first_sustained_needs_the_whole_window_above_the_threshold() -> None:
+    rates = [0, 5, 9, 10, 8, 10, 10, 10, 2]
+    assert wl.first_sustained(rates, 9.0, 1) == 2.0
+    assert wl.first_sustained(rates, 9.0, 2) == 2.0  # (9+10)/2
+    assert wl.first_sustained(rates, 9.5, 3) == 5.0  # bins 5,6,7
+    assert wl.first_sustained(rates, 9.5, 3, start=6) is None  # 6,7,8 averages 7.3
+    assert wl.first_sustained(rates, 9.0, 1, start=4) == 1.0  # measured from the phase start
+
+
+def test_row_counter_finds_missing_repeated_and_unexpected_rows() -> None:
+    counter = wl.RowCounter()
+    counter.add(np.array([0, 1, 2, 2]))
+    counter.add(np.array([70_000, 4]))  # grows past its first size
+    assert counter.check(5) == {"produced": 5, "delivered": 6, "missing": 1, "repeated": 1, "unexpected": 1}
+    with pytest.raises(ValueError, match="negative row id"):
+        counter.add(np.array([-1]))
+
+
+def test_arrivals_rate_and_timeline() -> None:
+    arrivals = wl.Arrivals(start=0.0, times=[0.5, 1.2, 1.8, 2.5], rows=[10, 20, 30, 40])
+    assert arrivals.rate(1.0, 2.0) == 50.0
+    assert arrivals.timeline(3.0).tolist() == [10.0, 50.0, 40.0]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to take one away")
+def test_cpu_restriction_reaches_threads_and_children_and_restores() -> None:
+    from intune import monitor
+
+    original = set(os.sched_getaffinity(0))
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with machine.CpuRestriction() as restriction:
+            chosen = restriction.limit(1)
+            assert len(chosen) == 1
+            assert os.sched_getaffinity(thread.native_id) == chosen
+            assert os.sched_getaffinity(child.pid) == chosen
+            assert monitor.available_cpus() == 1.0
+            late = threading.Thread(target=stop.wait, daemon=True)  # inherits the restriction
+            late.start()
+            assert os.sched_getaffinity(late.native_id) == chosen
+        assert os.sched_getaffinity(thread.native_id) == original
+        assert os.sched_getaffinity(child.pid) == original
+        assert os.sched_getaffinity(late.native_id) == original
+        with pytest.raises(ValueError, match="cannot restrict to 0 CPUs"):
+            restriction.limit(0)
+    finally:
+        stop.set()
+        child.kill()
+        child.wait()
+
+
+def test_memory_cgroup_oom_kills_a_child_over_its_limit_and_is_removed() -> None:
+    reason = machine.memory_cgroup_unavailable()
+    if reason:
+        pytest.skip(f"no writable memory cgroup: {reason}")
+    group = machine.MemoryCgroup(64 << 20)
+    try:
+        assert group.limit_bytes == 64 << 20
+        code = (
+            "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+            "import numpy; a = numpy.ones(256 << 20, dtype=numpy.uint8); print(a.sum())"
+        )
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, str(group.procs_file)], stdout=subprocess.DEVNULL
+        )
+        assert child.wait(timeout=60) == -signal.SIGKILL
+        stats = group.stats()
+        assert stats["oom_kill"] >= 1 and stats["failcnt"] > 0
+    finally:
+        group.cleanup()
+    assert not group.path.exists()
+
+
+def _small() -> wl.Workload:
+    return wl.Workload(
+        chunk_rows=128, io_ms=2.0, udf_loops=20, payload_floats=4, shuffle_rows=512, batch_rows=100
+    )
+
+
+def test_a_policy_runs_live_and_every_row_arrives_exactly_once() -> None:
+    run = wl.run_policy("heuristic", _small(), seconds=2.0, tick_s=0.5)
+    check = run.check
+    assert check["produced"] > 0
+    assert check == {
+        "produced": check["produced"],
+        "delivered": check["produced"],
+        "missing": 0,
+        "repeated": 0,
+        "unexpected": 0,
+    }
+    assert run.history, "the tuner recorded no tick"
+    assert 0 < sum(run.arrivals.rows) <= check["delivered"]  # the rest arrived while draining
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to take one away")
+def test_a_live_resize_is_seen_by_the_monitor_loses_nothing_and_is_undone() -> None:
+    original = set(os.sched_getaffinity(0))
+    run = wl.run_policy("heuristic", _small(), seconds=2.5, tick_s=0.5, phases=[(1.0, 1)])
+    assert [(e["cpus"], e["monitor_cpus"]) for e in run.events] == [(1, 1.0)]
+    assert run.check["missing"] == 0 and run.check["repeated"] == 0 and run.check["delivered"] > 0
+    assert set(os.sched_getaffinity(0)) == original
+    assert any(row["cpus"] == 1.0 for row in run.history), "no tick saw 1 CPU"
+
+
+def test_unknown_policy_or_benchmark_is_refused_by_name() -> None:
+    with pytest.raises(SystemExit, match="unknown policies \\['fastest'\\]"):
+        tl._split("heuristic,fastest", ("heuristic", "none"), "policies")
+    assert tl._split(None, None, "x") is None
+
+
+@pytest.mark.slow
+def test_quick_benchmark_command_writes_json(tmp_path) -> None:
+    import json
+
+    from intune.cli import main
+
+    out = tmp_path / "tune.json"
+    assert (
+        main(
+            [
+                "bench",
+                "tune",
+                "--quick",
+                "--policies",
+                "heuristic",
+                "--only",
+                "convergence",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    payload = json.loads(out.read_text())
+    assert {"benchmark", "policy", "metric", "value", "target", "unit"} <= set(payload["results"][0])
+    assert any(r["metric"] == "best_allocation" for r in payload["results"])
