@@ -88,6 +88,9 @@ def test_deterministic_and_independent_of_file_layout(tmp_path) -> None:
     assert ta.equals(tb)
     assert not ta.equals(pq.read_table(c[0]))
     assert pq.ParquetFile(b[0]).metadata.num_row_groups == 2
+    # regenerating a smaller set in the same place leaves no stale file behind
+    assert len(data.generate(9_000, tmp_path / "b", seed=7, rows_per_file=8_000)) == 2
+    assert len(data.data_files(tmp_path / "b")) == 2
 
 
 def test_row_groups_are_sized_for_parallel_reads(tmp_path) -> None:

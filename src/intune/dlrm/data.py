@@ -215,6 +215,8 @@ def generate(
 ) -> list[Path]:
     """Write ``rows`` rows under ``out`` as ``part-NNNNN.parquet`` (or ``.tsv``) files; return them.
 
+    Existing ``part-*`` files of the same format in ``out`` are replaced, never mixed in.
+
     The rows depend only on ``seed`` (and the cardinalities), never on the file or row-group sizes.
     """
     if fmt not in ("parquet", "tsv"):
@@ -227,6 +229,8 @@ def generate(
         )
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(f"part-*.{fmt}"):  # a previous, larger data set must not mix in
+        stale.unlink()
     stream = _RowStream(iter_chunks(rows, seed, GENERATION_BLOCK_ROWS, cardinalities))
     paths: list[Path] = []
     for first in range(0, rows, rows_per_file):
