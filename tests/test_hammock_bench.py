@@ -45,3 +45,20 @@ def test_every_model_sees_the_same_folds_and_the_conversion_is_exact():
     for fold in by_fold.values():
         assert fold["hammock-converted"]["auc"] == fold["lightgbm"]["auc"]
         assert fold["hammock-converted"]["max_raw_diff"] < 1e-6
+
+
+def test_cli_writes_the_issue_schema(tmp_path):
+    pytest.importorskip("lightgbm")
+    import json
+
+    from intune.cli import main
+
+    out = tmp_path / "h.json"
+    assert main(["bench", "hammock", "--quick", "--datasets", "wine", "--models", "lightgbm,hammock-converted,linear",
+                 "--criteo-rows", "0", "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert set(payload) >= {"machine", "results", "verdicts"} and payload["partial"] is False
+    assert [r["model"] for r in payload["results"]] == ["lightgbm", "hammock-converted", "linear"]
+    for row in payload["results"]:
+        assert {"dataset", "model", "auc", "accuracy", "logloss", "r2", "fit_s"} <= set(row)
+        assert row["dataset"] == "wine" and row["r2"] is None and 0.5 < row["auc"] <= 1.0
