@@ -65,3 +65,50 @@ def test_one_system_measured_in_its_own_process(tmp_path) -> None:
     assert out["rows"] == 16_384 and out["rows_per_s"] > 0 and out["cpu_s"] > 0
     assert out["peak_rss_mb"] > 50 and 0 <= out["idle_pct"] <= 100
     assert out["config"]["knobs"]["udf.workers"] == 1
+
+
+def test_markdown_report_carries_the_context() -> None:
+    results = [
+        {
+            "system": "tf.data",
+            "policy": "AUTOTUNE",
+            "rows_per_s": 100.0,
+            "config": {"autotune_chosen": {"Prefetch": {"buffer_size": 2.0}}},
+        },
+        {
+            "system": "intune-engine",
+            "policy": "plumber",
+            "rows_per_s": 150.0,
+            "config": {"knobs": {"udf.workers": 1}},
+        },
+    ]
+    bound = {
+        "rows_per_s": 200.0,
+        "cpus": 2.0,
+        "read_us_per_row": 1.0,
+        "udf_us_per_row": 8.0,
+        "batch_us_per_row": 1.0,
+    }
+    real.finish(results, bound)
+    config = {
+        "measure_rows": 1000,
+        "warmup_s": 5.0,
+        "warmup_rows": 100,
+        "udf": "heavy",
+        "batch_rows": 64,
+        "model_latency_ms": 0,
+    }
+    text = real.markdown_report(
+        {"machine": {"usable_cpus": 2.0}, "results": results, "cpu_bound": bound, "config": config},
+        "intune bench real",
+    )
+    assert "CPU bound: 200 rows/s = 2 CPUs / (1.0 read + 8.0 UDF + 1.0 batch)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| intune-engine"))
+    assert [c.strip() for c in row.strip("|").split("|")][:5] == [
+        "intune-engine",
+        "plumber",
+        "150",
+        "1.50",
+        "0.75",
+    ]
+    assert "- plumber: {'udf.workers': 1}" in text and "'buffer_size': 2.0" in text
