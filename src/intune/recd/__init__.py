@@ -2,8 +2,17 @@
 
 ``IKJT`` (unique rows + inverse indices of a feature group), ``dedup_transform`` (a batch chunk ->
 IKJT-carrying chunk map function), ``GroupUDF`` (a group's UDF on unique rows), ``shuffle_sessions`` /
-``session_permutation`` (shuffle sessions, not rows), ``write_session_dataset`` (session data), and
-the dedup-aware ``SessionDLRM`` in ``intune.recd.model`` (imported lazily: it needs torch).
+``SessionShuffleBuffer`` / ``session_permutation`` (shuffle sessions, not rows), ``write_session_dataset``
+(session data), and the dedup-aware ``SessionDLRM`` in ``intune.recd.model`` (imported lazily: torch).
+
+In the engine (list columns arrive as object arrays until the engine reads them as jagged pairs)::
+
+    pipe = (intune.Pipeline.from_parquet("sessions/*.parquet")
+            .batch(1024)
+            .map(ListsToJagged(["user_history"]))
+            .map(dedup_transform({"user": list(USER_COLUMNS)}))        # Pipeline.dedup(groups)
+            .map(GroupUDF("user", list(USER_COLUMNS), UserUDF()))        # runs on unique rows
+            .map(ItemUDF()))
 """
 
 from intune.recd._chunks import ListsToJagged
