@@ -25,7 +25,7 @@ def test_demo_writes_history_plot_and_summary(tmp_path, monkeypatch, capsys) -> 
     ticks = (out / "demo-history.jsonl").read_text().splitlines()
     assert ticks and "udf.workers" in json.loads(ticks[0])["knobs"]
     # the second run finds the data set in the cache
-    assert main([*args, "--out", str(out), "--no-live", "--policy", "none", "--seconds", "1"]) == 0
+    assert main([*args, "--out", str(out), "--no-live", "--policy", "none", "--seconds", "0.5"]) == 0
     assert "from the cache" in capsys.readouterr().out
 
 

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from intune.dlrm.train import evaluate, heldout_batches, train
     from intune.tuner import tune
 
-    console = Console()
+    console = Console(soft_wrap=True)  # long lines stay whole in logs and pipes
     if args.seconds <= 0:
         raise SystemExit(f"intune demo: --seconds must be positive, got {args.seconds}")
     t_start = time.perf_counter()
@@ -156,13 +156,19 @@ def run(args: argparse.Namespace) -> int:
             live.stop()
             console.print()
         tuner.close()
+    if result.model is None:
+        raise SystemExit("intune demo: no batch arrived before the time was up; try a larger --seconds")
     held = heldout_batches(dataset.heldout, udf, batch_rows=8192)
     auc, logloss, eval_rows = evaluate(result.model, held)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     history = tuner.save(out / "demo-history.jsonl")
     rows = tuner.history()
-    png = plot_history(rows, out / "demo.png", title=f"intune demo: dlrm_heavy, policy {policy}")
+    png = (
+        plot_history(rows, out / "demo.png", title=f"intune demo: dlrm_heavy, policy {policy}")
+        if rows
+        else None
+    )
     summary = {
         "policy": policy,
         "train": {**result.summary(), "auc": auc, "logloss": logloss, "eval_rows": eval_rows},
@@ -176,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         f"({result.rows_per_s:,.0f} rows/s), trainer idle {result.idle_pct:.0f}%; held-out AUC {auc:.3f}, "
         f"log-loss {logloss:.4f} on {eval_rows:,} rows"
     )
-    console.print(f"report: {png}  history: {history}  summary: {out / 'demo-summary.json'}")
+    plot_note = f"report: {png}" if png else "report: none (the tuner did not tick; run longer)"
+    console.print(f"{plot_note}  history: {history}  summary: {out / 'demo-summary.json'}")
     console.print(f"total {time.perf_counter() - t_start:.0f} s")
     return 0
