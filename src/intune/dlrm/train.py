@@ -226,4 +226,3 @@ def heldout_batches(
         if max_rows is not None and rows >= max_rows:
             break
     return out
-
