@@ -112,3 +112,21 @@ def test_markdown_report_carries_the_context() -> None:
         "0.75",
     ]
     assert "- plumber: {'udf.workers': 1}" in text and "'buffer_size': 2.0" in text
+
+
+def test_hand_set_engine_allocations_only_on_request() -> None:
+    from intune.bench.real_systems import fixed_allocation
+
+    assert fixed_allocation("plumber") is None
+    assert fixed_allocation("fixed:udf.workers=2+prefetch.buffer_mb=64") == {
+        "udf.workers": 2,
+        "prefetch.buffer_mb": 64,
+    }
+    with pytest.raises(ValueError, match="is not knob=integer"):
+        fixed_allocation("fixed:udf.workers=two")
+    plan = real.available_systems(["intune-engine:none", "intune-engine:fixed:udf.workers=2"])
+    assert [(s, p) for s, p, _ in plan] == [
+        ("intune-engine", "none"),
+        ("intune-engine", "fixed:udf.workers=2"),
+    ]
+    assert all(("fixed" in (p or "")) is False for _, p, _ in real.available_systems(None))

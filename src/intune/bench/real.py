@@ -103,6 +103,10 @@ def available_systems(only: list[str] | None) -> list[tuple[str, str | None, str
     if only:
         wanted = set(only)
         plan = [p for p in plan if p[0] in wanted or f"{p[0]}:{p[1]}" in wanted]
+        # hand-set engine allocations, only on request: intune-engine:fixed:udf.workers=2
+        plan += [
+            ("intune-engine", w.split(":", 1)[1], None) for w in only if w.startswith("intune-engine:fixed:")
+        ]
     return plan
 
 
