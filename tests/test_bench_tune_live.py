@@ -133,6 +133,11 @@ def test_a_policy_runs_live_and_every_row_arrives_exactly_once() -> None:
     assert 0 < sum(run.arrivals.rows) <= check["delivered"]  # the rest arrived while draining
 
 
+def test_an_unknown_policy_fails_before_anything_runs() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'fastest'"):
+        wl.run_policy("fastest", _small(), seconds=1.0, tick_s=0.5)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to take one away")
 def test_a_live_resize_is_seen_by_the_monitor_loses_nothing_and_is_undone() -> None:
     original = set(os.sched_getaffinity(0))
@@ -141,6 +146,14 @@ def test_a_live_resize_is_seen_by_the_monitor_loses_nothing_and_is_undone() -> N
     assert run.check["missing"] == 0 and run.check["repeated"] == 0 and run.check["delivered"] > 0
     assert set(os.sched_getaffinity(0)) == original
     assert any(row["cpus"] == 1.0 for row in run.history), "no tick saw 1 CPU"
+
+
+def test_meets_reads_the_target_text() -> None:
+    assert tl.meets(0.95, ">= 0.9") is True and tl.meets(0.85, ">= 0.9") is False
+    assert tl.meets(12.0, "<= 30") is True and tl.meets(None, "<= 30") is False  # never reached
+    assert tl.meets(0, "= 0") is True and tl.meets(3, "= 0") is False
+    assert tl.meets(False, "no") is True and tl.meets(True, "no") is False
+    assert tl.meets(5.0, "read.workers=1 udf.workers=1") is None and tl.meets(5.0, "") is None
 
 
 def test_unknown_policy_or_benchmark_is_refused_by_name() -> None:

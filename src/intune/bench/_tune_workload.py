@@ -296,8 +296,13 @@ def run_policy(
     seconds: float,
     tick_s: float,
     phases: Sequence[tuple[float, int]] = (),
+    history_path: str | None = None,
 ) -> LiveRun:
-    """Run ``policy`` from the even split for ``seconds``; ``phases`` = (start_s, cpus) CPU changes."""
+    """Run ``policy`` from the even split for ``seconds``; ``phases`` = (start_s, cpus) CPU changes.
+
+    ``history_path`` gets the tuner's history rewritten every tick, so a run that gets killed (an
+    OOM) still shows what the policy did.
+    """
     from intune import monitor
     from intune.policies import even_split
     from intune.tuner import tune
@@ -322,7 +327,19 @@ def run_policy(
                 }
             )
 
-    tuner = tune(pipe, policy=policy, tick_s=tick_s)
+    try:
+        tuner = tune(pipe, policy=policy, tick_s=tick_s)
+    except BaseException:  # e.g. a policy whose weights are missing: do not leave the pipeline behind
+        pipe.close()
+        raise
+    done = threading.Event()
+    if history_path is not None:
+
+        def keep_saving() -> None:
+            while not done.wait(tick_s):
+                tuner.save(history_path)
+
+        threading.Thread(target=keep_saving, name="intune-bench-history", daemon=True).start()
     try:
         batches = iter(tuner)
         arrivals.start = time.monotonic()
@@ -331,6 +348,7 @@ def run_policy(
         tuner.stop()
         drain(batches, counter)
     finally:
+        done.set()
         tuner.close()
         if phases:
             restriction.restore()

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -86,7 +87,7 @@ def memory_workload() -> wl.Workload:
     """Big rows and big buffers: the even split's shuffle buffer alone is over the cgroup limit."""
     return wl.Workload(
         chunk_rows=256,
-        io_ms=5.0,
+        io_ms=20.0,
         udf_loops=50,
         payload_floats=2048,
         shuffle_rows=1 << 20,
@@ -287,7 +288,9 @@ def memory_child(config_path: str) -> None:
     """Entry point of the memory benchmark's child (already inside its cgroup): run, write results."""
     config = json.loads(Path(config_path).read_text())
     workload = wl.Workload(**config["workload"])
-    run = wl.run_policy(config["policy"], workload, config["seconds"], config["tick_s"])
+    run = wl.run_policy(
+        config["policy"], workload, config["seconds"], config["tick_s"], history_path=config["history"]
+    )
     peak = max((row.get("memory_used") or 0 for row in run.history), default=0)
     Path(config["out"]).write_text(
         json.dumps(
@@ -296,10 +299,10 @@ def memory_child(config_path: str) -> None:
                 "check": run.check,
                 "peak_memory_used": peak,
                 "failures": run.failures,
-                "history": run.history,
             }
         )
     )
+    Path(config["history"]).write_text("".join(json.dumps(row) + "\n" for row in run.history))
 
 
 def bench_memory(policies: Sequence[str], s: Settings, history_dir: str | None) -> list[dict[str, Any]]:
@@ -332,6 +335,7 @@ def bench_memory(policies: Sequence[str], s: Settings, history_dir: str | None) 
                         "tick_s": s.tick_s,
                         "workload": asdict(workload),
                         "out": str(out),
+                        "history": str(Path(tmp) / "history.jsonl"),
                     }
                 )
             )
@@ -340,16 +344,20 @@ def bench_memory(policies: Sequence[str], s: Settings, history_dir: str | None) 
                 "from intune.bench.tune_live import memory_child; memory_child(sys.argv[1])"
             )
             try:
+                started = time.monotonic()
                 child = subprocess.Popen([sys.executable, "-c", code, str(cfg), str(group.procs_file)])
                 try:
                     rc = child.wait(timeout=s.memory_s + 120)
                 except subprocess.TimeoutExpired:
                     child.kill()
                     rc = child.wait()
+                lived = time.monotonic() - started
                 stats = group.stats()
             finally:
                 group.cleanup()
             result = json.loads(out.read_text()) if out.exists() else None
+            saved = Path(tmp) / "history.jsonl"
+            history = [json.loads(line) for line in saved.read_text().splitlines()] if saved.exists() else []
         killed = rc == -signal.SIGKILL or stats["oom_kill"] > 0
         rows += [
             _row("memory", policy, "oom_killed", killed, "no"),
@@ -357,9 +365,14 @@ def bench_memory(policies: Sequence[str], s: Settings, history_dir: str | None) 
             _row("memory", policy, "limit_hits_failcnt", stats["failcnt"], "", "count"),
             _row("memory", policy, "peak_usage_mb", stats["max_usage_bytes"] / MB, "", "MB"),
             _row("memory", policy, "child_exit", rc, "= 0"),
+            _row("memory", policy, "child_lived_s", lived, "", "s"),
         ]
+        _save_history(history_dir, f"memory-{policy}", history)
+        if history:
+            last = history[-1]["knobs"]
+            buffers = {k: v for k, v in last.items() if k.endswith("buffer_mb")}
+            rows.append(_row("memory", policy, "last_seen_buffers", _fmt_alloc(buffers), "", "MB"))
         if result is not None:
-            _save_history(history_dir, f"memory-{policy}", result["history"])
             rows.append(_row("memory", policy, "rows_per_s", result["rows_per_s"], "", "rows/s"))
             rows += _exactly_once_rows("memory", policy, result["check"])
     return rows
