@@ -120,3 +120,13 @@ def test_hash_collisions_fall_back_to_exact(monkeypatch):
     monkeypatch.setattr(dedup, "row_keys", lambda chunk, keys, lists=True: np.zeros(len(chunk["a"]), np.uint64))
     first, inverse = dedup.find_unique_rows({"a": np.array([3, 4, 3, 5])}, ["a"])
     assert first.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2]
+
+
+def test_min_saving_leaves_batches_with_few_repeats_plain():
+    batch = {"user_id": np.array([1, 2, 3, 4, 4]), "item_id": np.arange(5)}
+    kept = dedup_transform({"user": ["user_id"]}, min_saving=0.25)(batch)  # would save 1 of 5 rows
+    assert "user.inverse" not in kept and kept["user_id"].tolist() == [1, 2, 3, 4, 4]
+    encoded = dedup_transform({"user": ["user_id"]}, min_saving=0.2)(batch)
+    assert encoded["user.inverse"].tolist() == [0, 1, 2, 3, 3]
+    with pytest.raises(ValueError, match=r"min_saving must be in \[0, 1\)"):
+        dedup_transform({"user": ["user_id"]}, min_saving=1.0)

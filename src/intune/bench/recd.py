@@ -5,7 +5,8 @@ arrival order (Parquet, same codec); preprocessing rows/s of the same UDFs witho
 deduplication (read -> shuffle -> batch -> [dedup] -> user UDF -> item UDF -> model tensors); training
 samples/s of the DLRM on those batches (plain vs dedup-aware, same batch size, same initial weights);
 and the held-out AUC of both after the same samples. The plain side shuffles rows; the dedup side
-shuffles sessions (RecD's data-loading change). Length 1 is the control (nothing to deduplicate).
+shuffles sessions (RecD's data-loading change) and, by default (``--min-saving 0.1``), leaves a batch
+plain where deduplication would remove under 10% of its rows. Length 1 is the control.
 
 The stages run in-process, one after another (a sequential loop over the same map functions the
 engine would run), so the ratios measure the work saved, not parallelism. Plain and dedup sides are
@@ -53,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "or wall-clock; both are recorded (cuda always uses wall)")
     parser.add_argument("--repeats", type=int, help="timed preprocessing repeats, best kept (default 2)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--min-saving", type=float, default=0.1,
+                        help="dedup leaves a batch plain when it would remove less than this fraction of rows "
+                             "(0: always encode)")
     parser.add_argument("--auc-seeds", type=int, help="training runs (shuffle and init seeds) averaged for AUC "
                                                         "(default 3, quick 1); only the first is timed")
 
@@ -75,7 +79,8 @@ def _row_shuffle(chunks: Iterator[dict], window_rows: int, seed: int) -> Iterato
         yield take_rows(window, rng.permutation(held))
 
 
-def preprocess_stream(files: list[str], dedup: bool, batch_size: int, window_rows: int, seed: int) -> Iterator:
+def preprocess_stream(files: list[str], dedup: bool, batch_size: int, window_rows: int, seed: int,
+                      min_saving: float = 0.0) -> Iterator:
     """Read -> shuffle -> batch -> [dedup] -> UDFs -> model batches, lazily (one model batch per next)."""
     from intune.recd import dedup_transform, read_session_chunks, shuffle_sessions
     from intune.recd._chunks import rebatch
@@ -86,7 +91,7 @@ def preprocess_stream(files: list[str], dedup: bool, batch_size: int, window_row
     chunks = read_session_chunks(files, chunk_rows=8192)
     if dedup:
         stream = shuffle_sessions(chunks, window_rows, seed=seed)
-        maps = [dedup_transform({"user": list(USER_COLUMNS)}), *preprocess_udfs()]
+        maps = [dedup_transform({"user": list(USER_COLUMNS)}, min_saving), *preprocess_udfs()]
     else:
         stream = _row_shuffle(chunks, window_rows, seed)
         maps = preprocess_udfs()
@@ -107,7 +112,8 @@ def preprocess_side_by_side(files: list[str], args: argparse.Namespace, seed: in
     best = dict.fromkeys(sides, float("inf"))
     batches: dict[str, list] = {}
     for _ in range(args.repeats):
-        streams = {side: preprocess_stream(files, side == "dedup", args.batch_size, args.window_rows, seed)
+        streams = {side: preprocess_stream(files, side == "dedup", args.batch_size, args.window_rows, seed,
+                                           args.min_saving)
                    for side in ("plain", "dedup")}
         spent = dict.fromkeys(sides, 0.0)
         batches = {side: [] for side in streams}
@@ -128,9 +134,10 @@ def preprocess_side_by_side(files: list[str], args: argparse.Namespace, seed: in
     return best, batches
 
 
-def preprocess(files: list[str], dedup: bool, batch_size: int, window_rows: int, seed: int) -> list:
-    """All model batches of one pipeline (used for the held-out set)."""
-    return list(preprocess_stream(files, dedup, batch_size, window_rows, seed))
+def preprocess(files: list[str], dedup: bool, batch_size: int, window_rows: int, seed: int,
+               min_saving: float = 0.0) -> list:
+    """All model batches of one pipeline (the held-out set, the untimed AUC seeds)."""
+    return list(preprocess_stream(files, dedup, batch_size, window_rows, seed, min_saving))
 
 
 def _to_device(batch: Any, device: str) -> Any:
@@ -240,7 +247,8 @@ def run_one(session_len: float, args: argparse.Namespace, workdir: Path) -> dict
     models, spent, samples = train_side_by_side(batches, args.seed, args.device)
     aucs = {side: [evaluate(models[side], test_batches, args.device)] for side in models}
     for k in range(1, args.auc_seeds):  # more (shuffle, init) seeds, untimed: AUC varies by ~0.01-0.02
-        more = {side: preprocess(clustered["files"], side == "dedup", args.batch_size, args.window_rows, seed + k)
+        more = {side: preprocess(clustered["files"], side == "dedup", args.batch_size, args.window_rows, seed + k,
+                                 args.min_saving)
                 for side in ("plain", "dedup")}
         more_models, _, _ = train_side_by_side(more, args.seed + k, args.device)
         for side in aucs:
@@ -363,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
     misses = check_targets(results)
     print("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
     settings = {k: getattr(args, k) for k in ("rows", "test_rows", "batch_size", "window_rows", "threads", "device", "clock",
-                                              "repeats", "seed", "quick", "auc_seeds")}
+                                              "repeats", "seed", "quick", "auc_seeds", "min_saving")}
     if args.json:
         write_json(args.json, results, settings=settings,
                    targets={**TARGETS, "control_floor": CONTROL_FLOOR, "auc_tolerance": AUC_TOLERANCE},

@@ -223,11 +223,16 @@ def _validate_groups(groups: Mapping[str, Sequence[str]]) -> dict[str, list[str]
 class DedupTransform:
     """Chunk -> chunk: replace each group's columns by its IKJT encoding (see ``ikjt.py``).
 
-    A plain picklable object (not a closure), so process workers can run it.
+    A plain picklable object (not a closure), so process workers can run it. With ``min_saving`` > 0
+    a group whose batch would lose less than that fraction of its rows stays plain in that batch (as
+    RecD deduplicates only where duplication pays); ``GroupUDF`` and the model read both forms.
     """
 
-    def __init__(self, groups: Mapping[str, Sequence[str]]):
+    def __init__(self, groups: Mapping[str, Sequence[str]], min_saving: float = 0.0):
         self.groups = _validate_groups(groups)
+        if not 0.0 <= min_saving < 1.0:
+            raise ValueError(f"min_saving must be in [0, 1), got {min_saving}")
+        self.min_saving = min_saving
 
     def __call__(self, chunk: Chunk) -> Chunk:
         out = dict(chunk)
@@ -235,6 +240,8 @@ class DedupTransform:
             if f"{group}.{INVERSE}" in chunk:
                 raise ValueError(f"dedup group {group!r}: the batch is already deduplicated")
             ikjt = build_ikjt(chunk, group, columns)
+            if ikjt.batch_size - ikjt.num_unique < self.min_saving * ikjt.batch_size:
+                continue  # too little repeats in this batch to pay for the encoding
             for key in ikjt.keys:
                 for name in (key, key + ".values", key + ".lengths"):
                     out.pop(name, None)
@@ -242,12 +249,12 @@ class DedupTransform:
         return out
 
     def __repr__(self) -> str:
-        return f"DedupTransform({self.groups!r})"
+        return f"DedupTransform({self.groups!r}, min_saving={self.min_saving})"
 
 
-def dedup_transform(groups: Mapping[str, Sequence[str]]) -> DedupTransform:
+def dedup_transform(groups: Mapping[str, Sequence[str]], min_saving: float = 0.0) -> DedupTransform:
     """The map function of a dedup stage after ``.batch()``; errors name the group and column."""
-    return DedupTransform(groups)
+    return DedupTransform(groups, min_saving)
 
 
 class GroupUDF:
