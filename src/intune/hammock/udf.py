@@ -4,7 +4,7 @@ Owns: the chunk -> chunk UDF that quantizes the dense counts ``I1..I13`` into bi
 categorical IDs ``C1..C26`` into buckets (so the model's input is only integer indices: the cheap
 training step that makes ingestion the bottleneck), and the torch module that ``intune.dlrm.train``
 trains instead of DLRM (``train(batches, model="hammock", table_sizes=udf.sparse_sizes)``, which finds
-``intune.hammock.HammockModule``). It must not read files, build pipelines or run a training loop.
+``intune.hammock.hammock_module``). It must not read files, build pipelines or run a training loop.
 
 The UDF's output (the same keys as the DLRM UDFs, so the same loop and evaluation work):
 
