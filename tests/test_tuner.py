@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from intune.knobs import Knob
-from intune.live_observation import observe
+from intune.live_observation import cpu_slack, observe
 from intune.monitor import Monitor
 from intune.observation import reward
 from intune.pipeline.metrics import PipelineMetrics, StageMetrics
@@ -70,7 +70,9 @@ def test_observe_per_stage_deltas_by_hand():
     assert udf.items_per_s == pytest.approx(4.0) and udf.cpu_s_per_item == pytest.approx(0.5)
     assert udf.wall_s_per_item == pytest.approx(0.6)
     assert udf.busy == pytest.approx(0.8) and udf.starved == pytest.approx(0.1) and udf.blocked == 0.0
-    assert obs.allocated_cpus == 5 and obs.free_cpus == -3
+    # unused worker time: read 1 - 0.1 * 2 = 0.8, udf 4 - 0.5 * 4 = 2.0 -> 3 workers, capped at 2 stages - 1
+    assert obs.cpu_slack == 1.0
+    assert obs.allocated_cpus == 5 and obs.free_cpus == 2 + 1 - 5
 
 
 def test_observe_idle_tick_and_new_stage():
@@ -89,6 +91,23 @@ def test_observe_idle_tick_and_new_stage():
     assert read.starved == pytest.approx(0.9)
     # a stage absent from prev counts from zero; an inline stage runs on one thread
     assert batch.items_per_s == 1.0 and batch.busy == pytest.approx(0.2) and batch.workers == 0
+
+
+def test_cpu_slack_gives_back_what_light_workers_leave_unused():
+    # 2 s tick: a reader (1 worker) used 0.2 CPU-s, a UDF (1 worker) used 1.9 CPU-s, both emitted
+    prev = _snapshot(0.0, 0, [_stage("read"), _stage("udf")])
+    cur = _snapshot(
+        2.0, 1000, [_stage("read", items=10, rows=1000, cpu_s=0.2), _stage("udf", items=10, rows=1000, cpu_s=1.9)]
+    )
+    obs = observe(prev, cur, {"read.workers": 1, "udf.workers": 1}, tick=1, cpus=2, mem_used=0, mem_limit=GiB)
+    # unused: read 1 - 0.1 = 0.9, udf 1 - 0.95 = 0.05 -> 0.95 rounds to one whole worker
+    assert cpu_slack(obs.stages) == obs.cpu_slack == 1.0
+    assert obs.free_cpus == 2 + 1 - 2
+    # a stage that emitted nothing gives no evidence, and one stage always counts in full
+    idle = _snapshot(2.0, 0, [_stage("read"), _stage("udf")])
+    assert observe(prev, idle, {"read.workers": 4, "udf.workers": 1}, 1, 2, 0, GiB).cpu_slack == 0.0
+    busy = _snapshot(2.0, 1000, [_stage("read", items=10, rows=1000, cpu_s=0.0)])
+    assert observe(prev, busy, {"read.workers": 3}, 1, 2, 0, GiB).cpu_slack == 0.0
 
 
 def test_observe_rejects_snapshots_out_of_order():
@@ -202,12 +221,14 @@ def test_clamped_request_is_applied_and_recorded(tmp_path):
         _wait_for_ticks(tuner, 3)
     assert not tuner.running and pipe.closed
     first = tuner.history()[0]
-    # 8 CPUs, read holds 1: udf may grow to 7, not 12; the buffer is clamped to its bound 512
+    # 8 CPUs (plus what light workers measurably leave unused), read holds 1: udf may grow to 7 + slack,
+    # not 12; the buffer is clamped to its bound 512
+    udf = 7 + int(first["cpu_slack"])
     assert first["requested"] == {"udf.workers": 12, "prefetch.buffer_mb": 600}
-    assert first["applied"] == {"udf.workers": 7, "prefetch.buffer_mb": 512}
-    assert first["knobs"] == {"read.workers": 1, "udf.workers": 7, "prefetch.buffer_mb": 512}
+    assert first["applied"] == {"udf.workers": udf, "prefetch.buffer_mb": 512}
+    assert first["knobs"] == {"read.workers": 1, "udf.workers": udf, "prefetch.buffer_mb": 512}
     assert first["cpus"] == 8.0 and first["memory_limit"] == 16 * GiB and first["memory_used"] == 4 * GiB
-    assert pipe.set_calls == [("udf.workers", 7), ("prefetch.buffer_mb", 512)]
+    assert pipe.set_calls == [("udf.workers", udf), ("prefetch.buffer_mb", 512)]
     assert policy.resets == 1 and policy.steps >= 3
     assert all(row["applied"] == {} for row in tuner.history()[1:])
 

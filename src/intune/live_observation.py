@@ -73,6 +73,21 @@ def observe_stage(
     )
 
 
+def cpu_slack(stages: tuple[StageObservation, ...]) -> float:
+    """Whole workers' worth of CPU that the stages' workers leave unused, as measured over the tick.
+
+    A worker is counted as a CPU by the runner's budget, but a reader waiting on storage or blocked
+    by a slower stage uses a fraction of one: on 2 CPUs such a reader would otherwise keep a CPU-bound
+    UDF at one worker. Only stages that emitted items give evidence; the sum is rounded to whole
+    workers and capped so that at least one stage always counts in full.
+    """
+    with_workers = [s for s in stages if s.workers > 0]
+    unused = sum(
+        max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s) for s in with_workers if s.items_per_s > 0
+    )
+    return float(min(round(unused), max(0, len(with_workers) - 1)))
+
+
 def observe(
     prev: PipelineMetrics,
     cur: PipelineMetrics,
@@ -114,7 +129,8 @@ def observe(
         memory_limit_bytes=float(mem_limit),
         stages=stages,
         host_memory_free_bytes=float(host_free),
+        cpu_slack=cpu_slack(stages),
     )
 
 
-__all__ = ["observe", "observe_stage"]
+__all__ = ["cpu_slack", "observe", "observe_stage"]

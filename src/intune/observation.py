@@ -51,6 +51,7 @@ class Observation:
     oom: bool = False  # the job was killed for memory during this tick
     demand: float = 0.0  # rows/s the consumer could take (0 = unknown/unbounded)
     host_memory_free_bytes: float = 0.0  # free memory of the host, blind to cgroups (what tf.data reads)
+    cpu_slack: float = 0.0  # workers' worth of CPU that light stages leave unused (measured live; 0 in the sim)
 
     @property
     def allocated_cpus(self) -> int:
@@ -58,7 +59,9 @@ class Observation:
 
     @property
     def free_cpus(self) -> float:
-        return self.cpus - self.allocated_cpus
+        """CPUs not yet given to workers. A worker that mostly waits (an I/O-bound or blocked reader)
+        does not hold a whole CPU: ``cpu_slack`` gives back what such workers measurably leave unused."""
+        return self.cpus + self.cpu_slack - self.allocated_cpus
 
     @property
     def memory_fraction(self) -> float:

@@ -268,7 +268,9 @@ class Tuner:
                 reset_ok = True
             t0, c0 = time.perf_counter(), time.thread_time()
             requested = {k: int(v) for k, v in (self.policy.step(obs) or {}).items()}
-            clamped = clamp_request(self.knobs, requested, machine.cpus, machine.memory_free_bytes)
+            clamped = clamp_request(
+                self.knobs, requested, machine.cpus + obs.cpu_slack, machine.memory_free_bytes
+            )
             decision_ms = (time.perf_counter() - t0) * 1e3
             decision_cpu_ms = (time.thread_time() - c0) * 1e3
             with self._lock:
@@ -300,6 +302,7 @@ class Tuner:
             "memory_limit": obs.memory_limit_bytes,
             "host_free": obs.host_memory_free_bytes,
             "cpus": obs.cpus,
+            "cpu_slack": obs.cpu_slack,
             "reward": r,
             "requested": requested,
             "applied": applied,
