@@ -160,7 +160,7 @@ class IntunePolicy:
         if self.warm_start == "plumber":
             from intune.policies import make
 
-            plumber = make("plumber")
+            plumber = make("plumber", profile_ticks=1)  # plan from the first observation
             plumber.reset(self.knobs, obs)
             wanted: dict[str, Any] = {**even_split(self.knobs, obs.cpus), **plumber.step(obs)}
         else:
