@@ -73,6 +73,8 @@ def test_errors_name_the_problem():
         HammockClassifier().fit(X, np.zeros(len(X)))
     with pytest.raises(ValueError, match="init must be"):
         HammockClassifier(init="forest").fit(X, y)
+    with pytest.raises(ValueError, match="edges must be"):
+        HammockClassifier(edges="uniform").fit(X, y)
 
 
 def test_lightgbm_init_starts_at_the_gbdt():
@@ -87,3 +89,17 @@ def test_lightgbm_init_starts_at_the_gbdt():
     np.testing.assert_allclose(clf.decision_function(X), gbdt.predict(X, raw_score=True), atol=1e-3)
     n_leaves = sum(t["num_leaves"] for t in gbdt.booster_.dump_model()["tree_info"])
     assert clf.network_.activation == "sigmoid" and clf.network_.out.in_features == n_leaves
+
+
+def test_gbdt_edges_are_the_thresholds_of_a_gbdt_fitted_on_the_training_split():
+    lgb = pytest.importorskip("lightgbm")
+    from intune.hammock import from_trees
+    from intune.hammock.training import split_validation
+
+    X, y = _step_data(n=400, seed=5)
+    clf = HammockClassifier(edges="lightgbm", init_trees=10, max_epochs=2, n_threads=1).fit(X, y)
+    rows, _ = split_validation(y, clf.validation_fraction, clf.random_state, stratify=True)
+    gbdt = lgb.LGBMClassifier(n_estimators=10, num_leaves=15, n_jobs=1, random_state=0, verbose=-1).fit(X[rows], y[rows])
+    for mine, theirs in zip(clf.binning_.edges, from_trees(gbdt).binning.edges, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert clf.network_.activation == "relu"  # bins from the GBDT, network from scratch

@@ -23,7 +23,7 @@ import numpy as np
 from intune.bench.results import format_table, write_json
 
 TARGET_AUC_GAP = 0.005
-MODELS = ("hammock", "hammock-gbdt-init", "hammock-converted", "lightgbm", "xgboost", "hist-gb", "linear", "mlp")
+MODELS = ("hammock", "hammock-gbdt-bins", "hammock-gbdt-init", "hammock-converted", "lightgbm", "xgboost", "hist-gb", "linear", "mlp")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -95,12 +95,14 @@ class _TorchMLP:
 def _make(model: str, task: str) -> Any:
     """A fresh, unfitted model with its fixed configuration (one thread everywhere)."""
     reg = task == "regression"
-    if model in ("hammock", "hammock-gbdt-init"):
+    if model in ("hammock", "hammock-gbdt-bins", "hammock-gbdt-init"):
         from intune.hammock.estimator import HammockClassifier, HammockRegressor
 
         cls = HammockRegressor if reg else HammockClassifier
         if model == "hammock":
             return cls(n_threads=1)
+        if model == "hammock-gbdt-bins":  # a LightGBM's thresholds as bin edges, network from scratch
+            return cls(edges="lightgbm", n_threads=1)
         return cls(init="lightgbm", batch_size=1024, patience=4, n_threads=1)
     if model == "lightgbm":
         import lightgbm
@@ -241,7 +243,7 @@ def verdicts(summary: list[dict[str, Any]]) -> dict[str, Any]:
     too_easy = sorted({r["dataset"] for r in auc_rows if r["model"] == "linear"
                        and r.get("auc_diff_vs_lightgbm", -1) >= -TARGET_AUC_GAP})
     out: dict[str, Any] = {"target_auc_gap": TARGET_AUC_GAP, "too_easy_linear_within_margin": too_easy}
-    for model in ("hammock", "hammock-gbdt-init"):
+    for model in ("hammock", "hammock-gbdt-bins", "hammock-gbdt-init"):
         diffs = {r["dataset"]: r["auc_diff_vs_lightgbm"] for r in auc_rows if r["model"] == model}
         if not diffs:
             continue

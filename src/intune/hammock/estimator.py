@@ -11,6 +11,9 @@ What trains well (measured with ``intune bench hammock``; see docs/hammock.md fo
   are shared by all bins above a cut, which acts like the ordering a tree's split exploits.
 * **width**: 256 hidden units with ReLU is enough on every benchmark set; wider did not help and
   costs time.
+* **bin edges**: ``edges="lightgbm"`` (the thresholds a LightGBM fitted on the training split chose,
+  network still from scratch) beats 32 quantile bins where the target has sharp or uneven cuts
+  (single-split check: Hastie 0.990 vs 0.966, random-trees 0.862 vs 0.852 AUC).
 * **initialisation**: ``init="lightgbm"`` fits a small LightGBM on the training split, converts it
   exactly, relaxes the step to ``sigmoid(10 z)`` and fine-tunes. Because early stopping keeps the best
   epoch including epoch 0, it starts at the GBDT's validation loss and only moves if that improves.
@@ -64,6 +67,7 @@ class _HammockBase:
         self,
         *,
         max_bins: int = 32,
+        edges: str = "quantile",
         encoding: str = "thermometer",
         hidden: int = 256,
         activation: str = "relu",
@@ -82,6 +86,7 @@ class _HammockBase:
         n_threads: int | None = None,
     ):
         self.max_bins = max_bins
+        self.edges = edges
         self.encoding = encoding
         self.hidden = hidden
         self.activation = activation
@@ -144,6 +149,8 @@ class _HammockBase:
             raise ValueError(f"{type(self).__name__}.fit: y must be 1-D with {len(X)} entries, got shape {y.shape}")
         if self.init not in (None, "lightgbm"):
             raise ValueError(f"init must be None or 'lightgbm', got {self.init!r}")
+        if self.edges not in ("quantile", "lightgbm"):
+            raise ValueError(f"edges must be 'quantile' or 'lightgbm', got {self.edges!r}")
         threads = torch.get_num_threads()
         if self.n_threads:
             torch.set_num_threads(self.n_threads)
@@ -159,7 +166,10 @@ class _HammockBase:
                     trees, encoding=self.encoding, temperature=self.init_temperature
                 )
             else:
-                self.binning_ = quantile_edges(X[train_rows], self.max_bins)
+                if self.edges == "lightgbm":  # the thresholds a GBDT chose, on the training split only
+                    self.binning_ = from_trees(self._init_model(X[train_rows], y[train_rows])).binning
+                else:
+                    self.binning_ = quantile_edges(X[train_rows], self.max_bins)
                 self.network_ = RelaxedHammock(
                     self.binning_.n_bins, self.hidden, n_outputs, encoding=self.encoding,
                     activation=self.activation, seed=self.random_state,
