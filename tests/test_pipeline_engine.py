@@ -232,3 +232,25 @@ def test_a_one_shot_iterator_source_says_so_on_the_second_epoch():
     with intune.Pipeline.from_iterable(lambda: (c for c in chunks(300))) as pipe:
         assert_exactly_once(delivered_ids(pipe), range(300))
         assert_exactly_once(delivered_ids(pipe), range(300))
+
+
+def test_a_sequential_source_counts_its_cpu_but_not_its_wait_downstream():
+    burned = []
+
+    def chunks():
+        for k in range(12):
+            c0 = time.thread_time()
+            total = 0
+            while k < 4 and time.thread_time() - c0 < 0.04:  # pure-Python work inside the source
+                total += sum(range(200))
+            burned.append(time.thread_time() - c0)
+            yield {"id": np.arange(k * 10, k * 10 + 10)}
+
+    pipe = intune.Pipeline.from_iterable(chunks)
+    with pipe:
+        for _ in pipe:
+            time.sleep(0.04)  # a slow consumer: the reader waits for room (blocked, no CPU)
+        read = pipe.metrics().stages["read"]
+    assert read.rows == 120
+    assert sum(burned) * 0.9 <= read.cpu_s <= sum(burned) + 0.05  # before: 0
+    assert read.blocked_s > 0.1  # the cheap chunks' wait for room is blocked time, not CPU

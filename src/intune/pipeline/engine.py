@@ -20,6 +20,7 @@ from typing import Any
 from intune.knobs import Knob
 from intune.pipeline.channel import Channel
 from intune.pipeline.chunks import Chunk
+from intune.pipeline.columns import STRINGS
 from intune.pipeline.epoch import ConsumerStats, Epoch, EpochIterator
 from intune.pipeline.metrics import PipelineMetrics
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
@@ -86,18 +87,25 @@ class Pipeline:
         glob_or_paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         columns: Sequence[str] | None = None,
         chunk_rows: int = 8192,
+        strings: str = "bytes",
         **options: Any,
     ) -> Pipeline:
         """Parquet files (a glob or paths), read a row group per unit in chunks of <= ``chunk_rows``.
 
-        Files are read in sorted-glob / given order; a chunk never spans two row groups. Columns come
-        as pyarrow converts them to numpy: numeric columns with nulls become float with NaN, string
-        columns become object arrays (which process workers have to pickle: slow). A missing file
-        raises ``FileNotFoundError`` here; an unreadable one ``SourceError`` naming it when read.
+        Files are read in sorted-glob / given order; a chunk never spans two row groups. Numeric
+        columns come as pyarrow converts them (with nulls: float with NaN). String and binary columns
+        come as fixed-width numpy arrays that travel to process workers through shared memory:
+        ``strings="bytes"`` (default) gives ``S`` arrays of UTF-8 bytes, ``"str"`` gives ``U`` arrays,
+        ``"object"`` the object arrays pyarrow makes (pickled to process workers: slow). In ``S`` /
+        ``U`` arrays a null is the empty value; see ``intune.pipeline.columns`` for the exceptions
+        (values ending in NUL, very uneven lengths) that stay object arrays. A missing file raises
+        ``FileNotFoundError`` here; an unreadable one ``SourceError`` naming it when read.
         Options: ``deterministic``, ``max_workers``, ``max_mb`` (see ``Pipeline``).
         """
         chunk_rows = check_int("chunk_rows", chunk_rows, 1)
-        return cls(ParquetSource(expand_paths(glob_or_paths), columns, chunk_rows), **options)
+        if strings not in STRINGS:
+            raise ValueError(f"from_parquet: strings must be one of {list(STRINGS)}, got {strings!r}")
+        return cls(ParquetSource(expand_paths(glob_or_paths), columns, chunk_rows, strings), **options)
 
     @classmethod
     def from_iterable(

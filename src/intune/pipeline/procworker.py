@@ -117,6 +117,7 @@ class ProcessWorker:
         self._task = 0
         self._generation = 0
         self._closed = False
+        self.pickled_columns = 0  # object-dtype columns pickled through the pipe (both ways): slow
 
     @property
     def shm_bytes(self) -> int:
@@ -170,6 +171,7 @@ class ProcessWorker:
     def _send(self, task: _Task) -> None:
         slot = task.task_id % SLOTS
         layout, size = shm.plan(task.chunk)
+        self.pickled_columns += shm.count_pickled(layout)
         segment = self._inputs[slot]
         segment.ensure(size)
         shm.write(segment.buffer, task.chunk, layout, shm.IN)
@@ -205,6 +207,7 @@ class ProcessWorker:
             _, _, message, text, _cpu = reply
             raise RemoteError(message, text)
         _, _, out_name, out_size, out_layout, cpu = reply
+        self.pickled_columns += shm.count_pickled(out_layout)
         slot = task.task_id % SLOTS
         out_buffer = self._outputs[slot].follow(out_name, out_size) if out_name else None
         # copy out: both segments of this slot are reused by a later chunk

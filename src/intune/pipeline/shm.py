@@ -7,7 +7,8 @@ copied out by the parent before the next task). Fresh segments per chunk would c
 copy (a new tmpfs page must be allocated and zeroed for every byte). An output column that *is* one
 of the input views (a pass-through column) is not copied by the child: its layout entry points into
 the input segment. Only the small layout crosses the pipe. Columns of ``object`` dtype are pickled
-into the layout (slow path, rare). This module must not know about processes or pools.
+into the layout (slow path: the Parquet reader gives strings as fixed-width ``S`` / ``U`` arrays so
+that they do not take it; a UDF returning object arrays does, and the worker counts it). This module must not know about processes or pools.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def plan(
     offset = 0
     for name, column in chunk.items():
         if passthrough and id(column) in passthrough:
-            _, dtype, shape, off, _ = passthrough[id(column)]
-            layout.append((name, dtype, shape, off, IN))
+            _, dtype, shape, off, place = passthrough[id(column)]
+            # a pickled input column goes back as the same pickle (not re-pickled)
+            layout.append((name, dtype, shape, off, PICKLED if place == PICKLED else IN))
             continue
         array = np.asarray(column)
         if array.dtype.hasobject:
@@ -51,6 +53,11 @@ def plan(
         layout.append((name, array.dtype.str, array.shape, offset, where))
         offset += -(-array.nbytes // ALIGN) * ALIGN
     return layout, offset
+
+
+def count_pickled(layout: Layout) -> int:
+    """How many columns of ``layout`` took the pickled slow path."""
+    return sum(1 for entry in layout if entry[4] == PICKLED)
 
 
 def write(buffer: Any, chunk: Mapping[str, Any], layout: Layout, where: int) -> None:

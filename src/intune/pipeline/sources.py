@@ -14,10 +14,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment, nbytes, num_rows, validate_chunk
+from intune.pipeline.columns import to_numpy
 from intune.pipeline.errors import SourceError
 
 
@@ -72,14 +71,17 @@ def split_rows(chunk: dict, origin_of: Callable[[int, int], Origin], chunk_rows:
 
 
 class ParquetSource(Source):
-    """Parquet files read with pyarrow, one row group per unit."""
+    """Parquet files read with pyarrow, one row group per unit (strings as ``columns.to_numpy`` says)."""
 
     name = "parquet"
 
-    def __init__(self, paths: list[str], columns: Sequence[str] | None, chunk_rows: int) -> None:
+    def __init__(
+        self, paths: list[str], columns: Sequence[str] | None, chunk_rows: int, strings: str = "bytes"
+    ) -> None:
         self.paths = paths
         self.columns = list(columns) if columns is not None else None
         self.chunk_rows = chunk_rows
+        self.strings = strings
         self._plan: list[tuple[int, int, int]] | None = None  # (file index, row group, first row)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -118,7 +120,7 @@ class ParquetSource(Source):
         path = self.paths[f]
         try:
             table = self._open(path).read_row_group(group, columns=self.columns)
-            chunk = {name: _to_numpy(table.column(name)) for name in table.column_names}
+            chunk = {name: to_numpy(table.column(name), self.strings) for name in table.column_names}
         except SourceError:
             raise
         except Exception as exc:
@@ -136,13 +138,6 @@ class ParquetSource(Source):
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
         return f"{self.paths[self.file_of(unit)]} rows {lo}-{hi - 1}"
-
-
-def _to_numpy(column: Any) -> np.ndarray:
-    """A pyarrow ChunkedArray as numpy; nulls in numeric columns become NaN (float)."""
-    if column.num_chunks == 1:
-        return column.chunk(0).to_numpy(zero_copy_only=False)
-    return column.to_numpy()
 
 
 class IterableSource(Source):

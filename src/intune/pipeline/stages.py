@@ -225,17 +225,23 @@ class ReadStage(PooledStage):
             stats = self.stats.worker(0)
 
             def pull() -> None:
-                clock = time.perf_counter
-                t = clock()
-                for item in self.source.stream():
+                # the source's work happens inside next(): its wall and thread CPU time are the
+                # stage's busy_s / cpu_s; the wait in put() for room downstream is blocked_s
+                clock, cpu = time.perf_counter, time.thread_time
+                stream = iter(self.source.stream())
+                while True:
+                    t, c0 = clock(), cpu()
+                    item = next(stream, None)
+                    stats.cpu_s += cpu() - c0
                     t1 = clock()
                     stats.busy_s += t1 - t
+                    if item is None:
+                        break
                     out.put([item])
                     stats.items += 1
                     stats.rows += item.rows
                     stats.bytes_out += item.nbytes
-                    t = clock()
-                    stats.blocked_s += t - t1
+                    stats.blocked_s += clock() - t1
                 out.finish()
 
             epoch.spawn(pull, f"{self.name}-stream")
@@ -311,6 +317,11 @@ class MapStage(PooledStage):
         """The process workers' shared-memory segments (they grow to the largest chunk seen)."""
         with self._procs_lock:
             return sum(p.shm_bytes for p in self._procs)
+
+    def pickled_columns(self) -> int:
+        """Object-dtype columns that crossed to or from process workers pickled (the slow path)."""
+        with self._procs_lock:
+            return sum(p.pickled_columns for p in self._procs)
 
     def worker_pids(self) -> list[int]:
         with self._procs_lock:
