@@ -12,6 +12,8 @@ CPU. This module must not know about channels, ordering or how many deaths are t
 from __future__ import annotations
 
 import os
+import pickle
+import select
 import signal
 import socket
 import subprocess
@@ -21,7 +23,6 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
-from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
 from intune.pipeline import shm
@@ -48,6 +49,15 @@ class RemoteError(Exception):
 SLOTS = 2  # chunks in flight per child
 
 
+def send(conn: Connection, message: Any) -> None:
+    """A per-chunk message: plain pickle (``Connection.send`` builds a ForkingPickler every time)."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
 def child_main(fd: int) -> None:
     """The child's loop: receive a task, apply the function, reply with the result's layout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -61,7 +71,7 @@ def child_main(fd: int) -> None:
     outputs = [shm.Segment(f"{prefix}-out{slot}-") for slot in range(SLOTS)]
     while True:
         try:
-            message = conn.recv()
+            message = recv(conn)
         except (EOFError, OSError):
             message = None
         if message is None:
@@ -87,7 +97,7 @@ def child_main(fd: int) -> None:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
             text = traceback.format_exc()
             reply = (task_id, "error", f"{type(exc).__name__}: {exc}", text, time.process_time() - cpu0)
-        conn.send(reply)
+        send(conn, reply)
 
 
 class _Task:
@@ -109,6 +119,7 @@ class ProcessWorker:
         self._label = label
         self._proc: Any = None
         self._conn: Any = None
+        self._poller: Any = None
         base = f"intune-{os.getpid()}-{label}"
         self._inputs = [shm.Segment(f"{base}-in{slot}-") for slot in range(SLOTS)]
         self._outputs = [shm.Mapping_() for _ in range(SLOTS)]
@@ -155,6 +166,8 @@ class ProcessWorker:
             child.close()
         self._proc = proc
         self._conn = Connection(parent.detach())
+        self._poller = select.poll()
+        self._poller.register(self._conn.fileno(), select.POLLIN)
         self._conn.send((self._fn_blob, self._prefix(), list(sys.path)))
 
     def submit(self, chunk: dict) -> None:
@@ -176,7 +189,7 @@ class ProcessWorker:
         segment.ensure(size)
         shm.write(segment.buffer, task.chunk, layout, shm.IN)
         try:
-            self._conn.send((task.task_id, slot, segment.name, segment.size, layout))
+            send(self._conn, (task.task_id, slot, segment.name, segment.size, layout))
         except (BrokenPipeError, OSError):
             pass  # the child is gone: collect() sees end-of-file and reports it
 
@@ -189,13 +202,14 @@ class ProcessWorker:
         """
         task = self._pending[0]
         while True:
-            ready = wait_ready([self._conn], timeout=0.1)
+            # a poll object made once per child: multiprocessing's wait() builds a selector per call
+            ready = self._poller.poll(100)
             if stop.is_set():
                 self.kill()
                 raise Stopped
             if ready:  # a reply, or end-of-file because the child is gone
                 try:
-                    reply = self._conn.recv()
+                    reply = recv(self._conn)
                 except (EOFError, OSError):
                     task.deaths += 1
                     raise WorkerDied(self._exitcode()) from None
@@ -248,7 +262,7 @@ class ProcessWorker:
             return
         if proc.poll() is None:
             try:
-                conn.send(None)
+                send(conn, None)
             except (BrokenPipeError, OSError):
                 pass
             try:

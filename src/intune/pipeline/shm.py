@@ -14,6 +14,7 @@ that they do not take it; a UDF returning object arrays does, and the worker cou
 from __future__ import annotations
 
 import glob
+import math
 import mmap
 import os
 import pickle
@@ -80,7 +81,7 @@ def read(buffers: tuple[Any, Any], layout: Layout, copy: bool) -> dict[str, np.n
             out[name] = pickle.loads(shape)
             continue
         dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # np.prod costs ~7 us per column: a per-chunk cost on both sides
         buffer = buffers[where]
         if count == 0 or buffer is None:
             out[name] = np.empty(shape, dtype=dt)
