@@ -17,7 +17,9 @@ def _hex_ids(n):
 @pytest.fixture
 def hex_file(tmp_path):
     n = 600
-    table = pa.table({"row": np.arange(n), "C1": pa.array(_hex_ids(n)), "tag": pa.array(["a", "bcd", ""] * 200)})
+    table = pa.table(
+        {"row": np.arange(n), "C1": pa.array(_hex_ids(n)), "tag": pa.array(["a", "bcd", ""] * 200)}
+    )
     path = tmp_path / "hex.parquet"
     pq.write_table(table, path, row_group_size=250)
     return path, n
@@ -54,7 +56,11 @@ def test_parquet_strings_reach_process_workers_through_shared_memory(hex_file):
     seen = []
 
     def describe(chunk):
-        return {"row": chunk["row"], "C1": chunk["C1"], "kinds": np.array([chunk["C1"].dtype.kind])[[0] * len(chunk["row"])]}
+        return {
+            "row": chunk["row"],
+            "C1": chunk["C1"],
+            "kinds": np.array([chunk["C1"].dtype.kind])[[0] * len(chunk["row"])],
+        }
 
     pipe = intune.Pipeline.from_parquet(str(path), chunk_rows=100).map(describe, name="udf", mode="process")
     with pipe:
@@ -73,12 +79,17 @@ def test_object_columns_from_a_udf_still_cross_pickled_and_counted(hex_file):
     path, n = hex_file
 
     def to_objects(chunk):
-        return {"row": chunk["row"], "words": np.array([v.decode() or None for v in chunk["tag"]], dtype=object)}
+        return {
+            "row": chunk["row"],
+            "words": np.array([v.decode() or None for v in chunk["tag"]], dtype=object),
+        }
 
     pipe = (
         intune.Pipeline.from_parquet(str(path), chunk_rows=100)
         .map(to_objects, name="objects", mode="process")
-        .map(lambda c: {**c, "n": np.array([len(w or "") for w in c["words"]])}, name="lengths", mode="process")
+        .map(
+            lambda c: {**c, "n": np.array([len(w or "") for w in c["words"]])}, name="lengths", mode="process"
+        )
     )
     with pipe:
         chunks = list(pipe)

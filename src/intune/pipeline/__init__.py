@@ -4,7 +4,8 @@ Modules: ``engine`` (the builder, knobs, metrics), ``epoch`` (a running epoch, t
 ``stages`` (the stage base, read and map), ``serial_stages`` (shuffle, batch, prefetch), ``pool``
 (resizable worker pools), ``procworker`` and ``shm`` (process workers over shared memory),
 ``channel`` (bounded, ordered queues), ``shuffle`` and ``batcher`` (pure algorithms), ``sources``
-and ``criteo`` (readers), ``metrics`` (the snapshot contract).
+and ``criteo`` (readers), ``columns`` (Arrow columns as numpy: strings as fixed-width arrays),
+``metrics`` (the snapshot contract).
 """
 
 from intune.pipeline.engine import Pipeline

@@ -70,7 +70,9 @@ def fixed_width(array: Any, text: bool = False) -> np.ndarray | None:
         return np.empty(0, dtype="U1" if text else "S1")
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     validity, offsets_buf, data_buf = array.buffers()[:3]
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32)[array.offset : array.offset + n + 1]
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32)[
+        array.offset : array.offset + n + 1
+    ]
     offsets = offsets.astype(np.int64)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
     lengths = np.diff(offsets)
@@ -93,7 +95,9 @@ def fixed_width(array: Any, text: bool = False) -> np.ndarray | None:
     else:
         matrix = np.zeros((n, width), dtype=np.uint8)
         starts = np.cumsum(lengths) - lengths  # where each value starts in src
-        dest = np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64) * width - starts, lengths)
+        dest = np.arange(total, dtype=np.int64) + np.repeat(
+            np.arange(n, dtype=np.int64) * width - starts, lengths
+        )
         matrix.reshape(-1)[dest] = src
     if not text:
         return np.ascontiguousarray(matrix).view(f"S{width}").reshape(n)
