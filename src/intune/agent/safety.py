@@ -68,7 +68,8 @@ class SafetyLayer:
         The slope is the least-squares fit through the origin of the recent (change of workers, change
         of memory outside buffers) pairs; two standard errors are added (the error from the memory
         reading's noise, measured on ticks where the workers did not change, at least 2% of the use),
-        and the result is capped by the plain upper bound (memory outside buffers / workers).
+        and the result is capped by the plain upper bound (memory outside buffers / workers). A slope
+        not clearly above zero (slope - 2 errors <= 0) is not trusted: then the plain upper bound.
         """
         workers = sum(s.workers for s in obs.stages)
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
@@ -80,7 +81,10 @@ class SafetyLayer:
         slope = float(np.dot(dw, dm) / np.dot(dw, dw))
         noise = max(0.02 * obs.memory_used_bytes * np.sqrt(2.0),
                     float(np.sqrt(np.mean(np.square(self._still)))) if len(self._still) >= 5 else 0.0)
-        return float(min(upper, max(0.0, slope + 2.0 * noise / np.sqrt(np.dot(dw, dw)))))
+        error = 2.0 * noise / np.sqrt(np.dot(dw, dw))
+        if slope - error <= 0:  # not measured well enough to be trusted: the plain upper bound
+            return upper
+        return float(min(upper, slope + error))
 
     def worst_case_memory(self, obs: Observation, values: Sequence[int]) -> float:
         """Memory if every buffer filled to its knob's size (never less than what is used now)."""
