@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from intune.knobs import Knob
@@ -137,13 +138,29 @@ class Pipeline:
 
     # ---- stages ----------------------------------------------------------------------------------
     def shuffle(
-        self, buffer_rows: int = 200_000, seed: int = 0, buffer_mb: int = 256, name: str = "shuffle"
+        self,
+        buffer_rows: int = 200_000,
+        seed: int = 0,
+        buffer_mb: int = 256,
+        name: str = "shuffle",
+        by: str | None = None,
     ) -> Pipeline:
-        """Buffered shuffle of up to ``buffer_rows`` rows and ``buffer_mb`` MB (the knob)."""
+        """Buffered shuffle of up to ``buffer_rows`` rows and ``buffer_mb`` MB (the knob).
+
+        ``by`` names a session column: runs of equal values (sessions) are shuffled as wholes, so that
+        in-batch duplication survives for ``dedup`` (RecD, ``intune.recd.session_shuffle``).
+        """
         buffer_rows = check_int("buffer_rows", buffer_rows, 1)
         seed = check_int("seed", seed, 0)
         buffer_mb = check_int("buffer_mb", buffer_mb, 1, self.max_mb)
-        return self._add(ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb))
+        factory = None
+        if by is not None:
+            from intune.recd.session_shuffle import SessionShuffleBuffer
+
+            factory = partial(SessionShuffleBuffer, key=by)
+        return self._add(
+            ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb, buffer_factory=factory)
+        )
 
     def map(
         self,
@@ -171,6 +188,18 @@ class Pipeline:
         if name is None:
             name = "map" if "map" not in self.stage_names() else f"map{len(self._stages)}"
         return self._add(MapStage(fn, name, mode, on_error, self.max_workers, workers))
+
+    def dedup(
+        self, groups: Mapping[str, Sequence[str]], name: str = "dedup", mode: str = "thread", workers: int = 1
+    ) -> Pipeline:
+        """RecD in-batch deduplication, after ``batch``: each group's columns become its unique rows
+        (``<group>.unique.<col>``) and ``<group>.inverse`` (``intune.recd.IKJT.from_chunk`` reads them);
+        ``intune.recd.GroupUDF`` maps placed after it run on unique rows only."""
+        from intune.recd.dedup import dedup_transform
+
+        if "batch" not in [s.kind for s in self._stages]:
+            raise ValueError("dedup(groups) must come after batch(): it deduplicates rows within a batch")
+        return self.map(dedup_transform(groups), name=name, mode=mode, workers=workers)
 
     def batch(self, n: int, drop_last: bool = False, name: str = "batch") -> Pipeline:
         """Batches of exactly ``n`` rows (the last one shorter unless ``drop_last``)."""

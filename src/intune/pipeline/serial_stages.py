@@ -9,6 +9,8 @@ at most ``depth`` items and ``buffer_mb`` bytes. The algorithms themselves are i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from intune.knobs import Knob
@@ -25,8 +27,17 @@ class ShuffleStage(Stage):
 
     kind = "shuffle"
 
-    def __init__(self, name: str, buffer_rows: int, seed: int, buffer_mb: int, max_mb: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        buffer_rows: int,
+        seed: int,
+        buffer_mb: int,
+        max_mb: int,
+        buffer_factory: Callable[[np.random.Generator, int], ShuffleBuffer] | None = None,
+    ) -> None:
         super().__init__(name)
+        self._buffer_factory = buffer_factory or ShuffleBuffer
         self.buffer_rows = buffer_rows
         self.seed = seed
         self._mb = buffer_mb
@@ -82,7 +93,7 @@ class ShuffleStage(Stage):
                     c.itemsize * int(np.prod(c.shape[1:], dtype=np.int64)) for c in chunk.values()
                 )
                 state["row_bytes"] = row_bytes
-                buf = ShuffleBuffer(rng, self.capacity(row_bytes))
+                buf = self._buffer_factory(rng, self.capacity(row_bytes))
                 state["buffer"] = self._buffer = buf
             state["chunk_rows"] = max(state["chunk_rows"], rows)
             released = buf.resize(self.capacity(state["row_bytes"]))
