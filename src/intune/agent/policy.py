@@ -24,7 +24,8 @@ from intune.agent.network import BranchingQNetwork
 from intune.agent.replay import ReplayBuffer
 from intune.agent.safety import SafetyLayer
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.observation import OOM_PENALTY, Observation
+from intune.observation import reward as contract_reward
 from intune.policies.base import even_split
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
@@ -119,10 +120,17 @@ class IntunePolicy:
 
     # -- online fine-tuning ------------------------------------------------------------------------
     def observe(self, observation: Observation, reward: float) -> None:
-        """The reward of the last action; every ``online_train_every`` calls, one gradient step."""
+        """The reward of the last action; every ``online_train_every`` calls, one gradient step.
+
+        The caller's reward scale is arbitrary (the live tuner divides by the first throughput it saw),
+        while the network was pretrained on throughput / phase optimum. So the reward learned from is
+        re-expressed on that scale, with the best throughput seen since the last resize standing in for
+        the unknown optimum (an OOM still earns the contract's penalty).
+        """
         if not self.online or self._last is None:
             return
-        self._pending_reward = float(reward)
+        best = max(self.builder.best_throughput, observation.throughput)
+        self._pending_reward = OOM_PENALTY if observation.oom else float(contract_reward(observation, best))
         self._observed += 1
         buffer = self._buffer
         if buffer is not None and buffer.size >= self.config.batch_size // 4 and self._observed % self.config.online_train_every == 0:
