@@ -44,7 +44,7 @@ def _task_ids() -> list[int]:
 
 
 def set_process_cpus(cpus: set[int], sweeps: int = 5) -> int:
-    """Give this process and its children exactly ``cpus``; returns the number of tasks set.
+    """Give this process and its children exactly ``cpus``; returns how many tasks (threads) they have.
 
     Sweeps until a pass finds every task already on ``cpus`` (a thread started during a sweep may
     have copied the old mask from a thread not yet reached).
