@@ -78,14 +78,17 @@ def cpu_slack(stages: tuple[StageObservation, ...]) -> float:
 
     A worker is counted as a CPU by the runner's budget, but a reader waiting on storage or blocked
     by a slower stage uses a fraction of one: on 2 CPUs such a reader would otherwise keep a CPU-bound
-    UDF at one worker. Only stages that emitted items give evidence; the sum is rounded to whole
-    workers and capped so that at least one stage always counts in full.
+    UDF at one worker. With the slack, ``Observation.free_cpus`` is the CPUs minus the CPU the
+    workers measurably use, so it falls to 0 by itself when the machine is saturated (oversubscribed
+    workers share the CPUs and each uses less than one). Only stages that emitted items give evidence
+    (a stage still warming up counts in full); the sum is rounded to whole workers.
     """
-    with_workers = [s for s in stages if s.workers > 0]
     unused = sum(
-        max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s) for s in with_workers if s.items_per_s > 0
+        max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s)
+        for s in stages
+        if s.workers > 0 and s.items_per_s > 0
     )
-    return float(min(round(unused), max(0, len(with_workers) - 1)))
+    return float(round(unused))
 
 
 def observe(
