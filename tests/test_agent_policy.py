@@ -88,3 +88,52 @@ def test_online_fine_tuning_learns_without_touching_the_shipped_network():
         policy.observe(obs, 0.5)
     assert all(torch.equal(a, b) for a, b in zip(before, shipped.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.q.parameters()))
+
+
+def _live_like(values, used_mb, limit_mb):
+    from intune.knobs import Knob
+    from intune.observation import Observation, StageObservation
+
+    knobs = {n: Knob(n, "cpu" if n.endswith(".workers") else "mb", 1, 8192, get=lambda n=n: values[n],
+                     set=lambda v, n=n: values.__setitem__(n, v)) for n in values}
+    stages = tuple(StageObservation(s, values.get(f"{s}.workers", 0), values.get(f"{s}.buffer_mb", 0), 10.0, 2560.0,
+                                    0.01, 0.02, 2 * (1 << 20), 0.5, 0.2, 0.1, 0.3, 0.0)
+                   for s in ("read", "udf", "shuffle", "prefetch"))
+    obs = Observation(0, 1.0, 2560.0, 0.0, 2.0, used_mb * (1 << 20), limit_mb * (1 << 20), stages)
+    return knobs, obs
+
+
+def test_a_user_allocation_that_cannot_fit_is_shrunk_at_the_first_step_and_kept_fitting():
+    """The live memory benchmark's start: 1536 + 512 MB of buffers under a 1024 MB limit."""
+    values = {"read.workers": 1, "udf.workers": 1, "shuffle.buffer_mb": 1536, "prefetch.buffer_mb": 512}
+    knobs, obs = _live_like(values, used_mb=300, limit_mb=1024)
+    policy = IntunePolicy(online=False)
+    policy.reset(knobs, obs)
+    first = policy.step(obs)
+    shuffle, prefetch = first["shuffle.buffer_mb"], first["prefetch.buffer_mb"]
+    assert 300 + shuffle + prefetch <= 0.85 * 1024
+    assert 1536 - shuffle > 512 - prefetch > 0  # the largest gave up the most
+    values.update(first)
+    knobs, obs = _live_like(values, used_mb=300, limit_mb=1024)
+    for _ in range(5):  # the network's own moves never take them past the margin again
+        values.update(policy.step(obs))
+        knobs, obs = _live_like(values, used_mb=300, limit_mb=1024)
+        assert 300 + values["shuffle.buffer_mb"] + values["prefetch.buffer_mb"] <= 0.85 * 1024
+
+
+def test_big_buffers_set_before_the_start_never_oom_in_the_simulator():
+    sim = Simulator(load_workload("criteo", memory_limit_gb=24), cpus=32, seed=3)  # ~16 GB used already
+    sim.reset()
+    sim.knobs["prefetch.buffer_mb"].set(40_000)  # 40 GB of prefetch could never fit
+    obs = sim.step()
+    policy = IntunePolicy(online=False)
+    policy.reset(sim.knobs, obs)
+    ooms = 0
+    for _ in range(100):
+        request = policy.step(obs)
+        for name, value in sorted(request.items(), key=lambda kv: kv[1] - sim.knobs[kv[0]].value):
+            sim.knobs[name].set(sim.knobs[name].clamp(value))
+        obs = sim.step()
+        ooms += obs.oom
+    assert ooms == 0
+    assert sim.knobs["prefetch.buffer_mb"].value * (1 << 20) < 0.85 * sim.memory_limit_bytes - 16 * (1 << 30)

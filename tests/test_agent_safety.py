@@ -20,11 +20,13 @@ def _knobs(values: dict[str, int]) -> list[Knob]:
     return out
 
 
-def _obs(values: dict[str, int], cpus: float, used_gb: float, limit_gb: float, bytes_per_item: float = 0.5 * MB) -> Observation:
+def _obs(values: dict[str, int], cpus: float, used_gb: float, limit_gb: float, bytes_per_item: float = 0.5 * MB,
+         buffered: dict[str, float] | None = None) -> Observation:
     stages = []
     for stage in sorted({n.split(".")[0] for n in values}):
         stages.append(StageObservation(stage, values.get(f"{stage}.workers", 0), values.get(f"{stage}.buffer_mb", 0),
-                                       10.0, 1e4, 0.01, 0.01, bytes_per_item, 0.5, 0.2, 0.3, 0.5, 0.0))
+                                       10.0, 1e4, 0.01, 0.01, bytes_per_item, 0.5, 0.2, 0.3, 0.5,
+                                       (buffered or {}).get(stage, 0.0)))
     return Observation(1, 1.0, 1e4, 0.0, cpus, used_gb * GB, limit_gb * GB, tuple(stages))
 
 
@@ -108,3 +110,34 @@ def test_random_exploration_through_the_mask_never_ooms_on_tight_memory():
             ooms += obs.oom
     assert grew_past_cpus == 0
     assert ooms == 0
+
+
+def test_buffers_that_cannot_fit_when_full_are_cut_in_one_tick_largest_most():
+    """1 GiB limit, margin 0.85 (870.4 MB), 307.2 MB used outside the buffers, buffers of 1536 + 512 MB:
+    1484.8 MB too much, so 1485 MB go, shared in proportion to the MB above the minimum (1 MB)."""
+    values = {"read.workers": 2, "shuffle.buffer_mb": 1536, "prefetch.buffer_mb": 512}
+    knobs = _knobs(values)
+    safety = SafetyLayer(knobs, DELTAS, margin=0.85)
+    obs = _obs(values, cpus=2, used_gb=0.3, limit_gb=1.0)  # nothing buffered yet: the shuffle is still filling
+    trimmed = safety.trim(obs, list(values.values())).tolist()
+    # keep = 2046 - 1485 = 561 MB above minimums: 1535*561/2046 -> 420, 511*561/2046 -> 140
+    assert trimmed == [2, 421, 141]
+    assert 307.2 + 421 + 141 <= 0.85 * 1024
+    assert safety.trim(obs, [2, 421, 141]).tolist() == [2, 421, 141]  # what fits stays
+    assert safety.trim(_obs(values, cpus=2, used_gb=0.3, limit_gb=4.0), [2, 1536, 512]).tolist() == [2, 1536, 512]
+
+
+def test_memory_past_the_margin_cuts_buffers_even_when_their_knobs_would_fit():
+    values = {"a.workers": 2, "a.buffer_mb": 100, "b.buffer_mb": 1}
+    knobs = _knobs(values)
+    safety = SafetyLayer(knobs, DELTAS, margin=0.85)
+    # 921.6 MB used, a's 100 MB buffer full: its knob fits (821.6 + 100 = 921.6 when full), but the
+    # projection (b's 1 MB too) is 52.2 MB past the margin (870.4 MB): 53 MB go, all from a (b is at its minimum)
+    obs = _obs(values, cpus=4, used_gb=0.9, limit_gb=1.0, buffered={"a": 100 * MB})
+    assert safety.trim(obs, [2, 100, 1]).tolist() == [2, 47, 1]  # 99 - 53 = 46 MB above the minimum
+
+
+def test_buffer_steps_grow_with_the_buffer():
+    values = {"a.workers": 1, "a.buffer_mb": 1536, "b.buffer_mb": 64}
+    safety = SafetyLayer(_knobs(values), DELTAS)
+    assert safety.units(_obs(values, cpus=4, used_gb=1, limit_gb=10, bytes_per_item=2 * MB)).tolist() == [1, 96, 4]

@@ -111,12 +111,17 @@ class IntunePolicy:
         with torch.inference_mode():
             q_values = self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
         choice = self.safety.select(q_values, mask, observation, values)
-        deltas = self.safety.moves(choice, observation)
+        wanted = np.asarray(values, dtype=np.int64) + self.safety.moves(choice, observation)
+        # buffers that cannot fit when full are cut now, whatever the network chose (recorded as -5)
+        trimmed = self.safety.trim(observation, values)  # never above the current values
+        forced = np.array([k.unit == "mb" for k in self.safety.knobs]) & (trimmed < wanted)
+        wanted = np.where(forced, trimmed, wanted)
+        choice[forced] = int(np.argmin(self.safety.deltas))
         self.builder.applied(self.safety.deltas[choice])
         actions = np.full(MAX_KNOBS, self.safety.zero, dtype=np.int64)
         actions[:n] = choice
         self._last = (rows, valid, actions)
-        return {k.name: int(v + d) for k, v, d in zip(self.safety.knobs, values, deltas) if d}
+        return {k.name: int(w) for k, v, w in zip(self.safety.knobs, values, wanted) if w != v}
 
     # -- online fine-tuning ------------------------------------------------------------------------
     def observe(self, observation: Observation, reward: float) -> None:
@@ -164,7 +169,8 @@ class IntunePolicy:
 
     # -- start ----------------------------------------------------------------------------------
     def _start_allocation(self, obs: Observation) -> dict[str, int]:
-        """Even split or Plumber's estimate, with worker growth trimmed to the memory budget."""
+        """Even split or Plumber's estimate, with buffers cut to fit the memory (``SafetyLayer.trim``)
+        and worker growth trimmed to the memory budget that leaves."""
         if self.warm_start == "plumber":
             from intune.policies import make
 
@@ -174,7 +180,14 @@ class IntunePolicy:
         else:
             wanted = even_split(self.knobs, obs.cpus)
         values = {n: k.value for n, k in self.knobs.items()}
-        budget = self.safety.memory_budget(obs, list(values.values()))
+        # buffers the memory cannot hold when full are cut before anything else (the tuner applies
+        # decreases first); the workers then grow only into what is left
+        trimmed = dict(zip(values, self.safety.trim(obs, list(values.values())).tolist()))
+        for n, v in trimmed.items():
+            if v < values[n]:
+                wanted[n] = min(int(wanted.get(n, v)), v)
+        after = {n: int(wanted.get(n, v)) if self.knobs[n].unit == "mb" else v for n, v in values.items()}
+        budget = self.safety.memory_budget(obs, list(after.values()))
         per_worker = self.safety.worker_memory_bytes(obs)
         growth = sum(max(0, int(v) - values[n]) for n, v in wanted.items() if self.knobs[n].unit == "cpu")
         if growth and per_worker > 0 and growth * per_worker > budget:
