@@ -8,7 +8,7 @@
 4. resize latency: seconds from raising a process pool 1 -> 2 (a parked worker exists) to the parked
    worker's first output at the consumer;
 5. memory: relative gap between the engine's buffered-bytes figure and the measured growth of the
-   process tree's memory (RSS, children included) with large buffers.
+   process tree's memory (PSS, children included, shared memory counted once) with large buffers.
 
 Ratios are measured side by side in one run. This module must not change engine behaviour.
 """
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from intune.bench.results import format_table, write_json
+from intune.monitor import process_tree_rss
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -270,19 +271,6 @@ def measure_resize(quick: bool) -> dict[str, Any]:
 
 
 # ---- 5. memory accounting ----------------------------------------------------------------------------
-def _tree_rss() -> int:
-    import psutil
-
-    me = psutil.Process()
-    total = me.memory_info().rss
-    for child in me.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
 def measure_memory(quick: bool) -> dict[str, Any]:
     from intune.pipeline import Pipeline
 
@@ -306,7 +294,7 @@ def measure_memory(quick: bool) -> dict[str, Any]:
     with pipe:
         list(Pipeline.from_iterable([{"x": np.zeros(rows)}] * 4).batch(rows))  # warm the code paths up
         gc.collect()
-        base = _tree_rss()  # before any buffer exists
+        base = process_tree_rss()  # before any buffer exists (PSS: shared memory counted once)
         it = iter(pipe)
         next(it)
         deadline = time.monotonic() + (30 if quick else 90)
@@ -318,10 +306,10 @@ def measure_memory(quick: bool) -> dict[str, Any]:
                 break
             previous = held
         held = pipe.metrics().buffered_bytes
-        growth = _tree_rss() - base
+        growth = process_tree_rss() - base
     gap = abs(growth - held) / max(1, growth)
     detail = f"engine says {held / 2**20:.0f} MiB buffered, process tree grew {growth / 2**20:.0f} MiB"
-    return result("memory accounting gap |buffered - RSS growth| / growth", gap, "ratio", 0.15, False, detail)
+    return result("memory accounting gap |buffered - PSS growth| / growth", gap, "ratio", 0.15, False, detail)
 
 
 MEASUREMENTS: dict[str, Callable[[bool], dict[str, Any]]] = {
