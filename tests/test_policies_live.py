@@ -20,7 +20,10 @@ def _pipeline(n_chunks=150, rows=200):
             yield {"id": np.arange(i * rows, (i + 1) * rows)}
 
     def udf(chunk):
-        time.sleep(0.002)  # an I/O-like wait: wall time without CPU time
+        time.sleep(0.002)  # an I/O-like wait: wall time without CPU time (what AUTOTUNE's wall clock sees)
+        start = time.thread_time()
+        while time.thread_time() - start < 0.001:  # and CPU work (what Plumber's CPU-time rates see)
+            pass
         return {"id": chunk["id"], "twice": chunk["id"] * 2}
 
     pipe = engine.Pipeline.from_iterable(chunks).map(udf, name="udf").batch(100).prefetch(depth=2, buffer_mb=8)
