@@ -2,18 +2,14 @@
 
 import pytest
 
+from _knobs import dict_knobs
 from intune.knobs import Knob
 from intune.observation import OOM_PENALTY, Observation, memory_factor, reward
 from intune.policies import clamp_request, even_split, make
 
 
 def _knobs(**spec):
-    store = {}
-    knobs = {}
-    for name, (unit, lo, hi, v) in spec.items():
-        store[name] = v
-        knobs[name] = Knob(name, unit, lo, hi, get=lambda n=name: store[n], set=lambda x, n=name: store.__setitem__(n, x))
-    return knobs, store
+    return dict_knobs(spec)
 
 
 def test_knob_set_validates_and_names_range():

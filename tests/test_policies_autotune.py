@@ -2,7 +2,7 @@
 
 import pytest
 
-from intune.knobs import Knob
+from _knobs import dict_knobs
 from intune.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
 from intune.policies.autotune import LegacyPrefetchAutotuner, RamBudget, share_pool
@@ -10,13 +10,7 @@ from intune.policies.autotune import LegacyPrefetchAutotuner, RamBudget, share_p
 MB = 1 << 20
 
 
-def _knobs(spec):
-    store = {name: v for name, (_, _, _, v) in spec.items()}
-    knobs = {
-        name: Knob(name, unit, lo, hi, get=lambda n=name: store[n], set=lambda x, n=name: store.__setitem__(n, x))
-        for name, (unit, lo, hi, _) in spec.items()
-    }
-    return knobs, store
+_knobs = dict_knobs
 
 
 def _stage(name, wall, items=100.0, cpu=None, size=1 * MB, fill=0.0, rows_per_item=1000):

@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from _knobs import dict_knobs
 from intune.knobs import Knob
 from intune.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
@@ -20,25 +21,39 @@ from intune.policies.plumber import (
 MB = 1 << 20
 
 
-def _knobs(spec):
-    store = {name: v for name, (_, _, _, v) in spec.items()}
-    knobs = {
-        name: Knob(name, unit, lo, hi, get=lambda n=name: store[n], set=lambda x, n=name: store.__setitem__(n, x))
-        for name, (unit, lo, hi, _) in spec.items()
-    }
-    return knobs, store
+_knobs = dict_knobs
 
 
 def _stage(name, cpu, items=100.0, wall=None, workers=1, busy=1.0, size=1 * MB, rows_per_item=1000):
-    return StageObservation(name=name, workers=workers, buffer_mb=0, items_per_s=items,
-                            rows_per_s=items * rows_per_item, cpu_s_per_item=cpu,
-                            wall_s_per_item=cpu if wall is None else wall, bytes_per_item=size, busy=busy,
-                            starved=0.0, blocked=0.0, queue_fill=0.0, buffered_bytes=0.0)
+    return StageObservation(
+        name=name,
+        workers=workers,
+        buffer_mb=0,
+        items_per_s=items,
+        rows_per_s=items * rows_per_item,
+        cpu_s_per_item=cpu,
+        wall_s_per_item=cpu if wall is None else wall,
+        bytes_per_item=size,
+        busy=busy,
+        starved=0.0,
+        blocked=0.0,
+        queue_fill=0.0,
+        buffered_bytes=0.0,
+    )
 
 
 def _obs(tick, stages, cpus=8.0, demand=0.0, step=0.0, used=1e9, limit=64e9):
-    return Observation(tick=tick, dt_s=1.0, throughput=1e5, step_time_s=step, cpus=cpus, memory_used_bytes=used,
-                       memory_limit_bytes=limit, stages=tuple(stages), demand=demand)
+    return Observation(
+        tick=tick,
+        dt_s=1.0,
+        throughput=1e5,
+        step_time_s=step,
+        cpus=cpus,
+        memory_used_bytes=used,
+        memory_limit_bytes=limit,
+        stages=tuple(stages),
+        demand=demand,
+    )
 
 
 def _brute_force(work, cores, lo, hi):
@@ -81,7 +96,9 @@ def test_sequential_rule():
     one = Knob("t.workers", "cpu", 1, 1, get=lambda: 1, set=lambda v: None)
 
     def profile(workers, cpu, wall, items):
-        return _StageProfile(items=items, cpu_s=cpu * items, wall_s=wall * items, busy_workers_s=workers, time_s=1.0)
+        return _StageProfile(
+            items=items, cpu_s=cpu * items, wall_s=wall * items, busy_workers_s=workers, time_s=1.0
+        )
 
     assert PlumberPolicy.is_sequential(one, _StageProfile())
     # 4 busy workers using one core between them, each element taking 4x its CPU time: GIL-bound

@@ -1,17 +1,10 @@
 """The static baselines: none (one worker, minimal buffers) and heuristic (even split, re-split on resize)."""
 
-from intune.knobs import Knob
+from _knobs import dict_knobs
 from intune.observation import Observation
 from intune.policies import make
 
-
-def _knobs(spec):
-    store = {name: v for name, (_, _, _, v) in spec.items()}
-    knobs = {
-        name: Knob(name, unit, lo, hi, get=lambda n=name: store[n], set=lambda x, n=name: store.__setitem__(n, x))
-        for name, (unit, lo, hi, _) in spec.items()
-    }
-    return knobs, store
+_knobs = dict_knobs
 
 
 def _obs(cpus, tick=0):
