@@ -21,6 +21,7 @@ from intune.agent.dqn import TrainingLog, train
 from intune.agent.env import SimEnv, random_sim
 from intune.agent.evaluate import score_episode
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
+from intune.bench.results import save_figure
 
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
 VALIDATION_PIPELINES = 8
@@ -93,12 +94,7 @@ def plot_curve(history: TrainingLog, path: str | Path, title: str = "InTune agen
     ax.set_ylim(0, 1.05)
     ax.set_title(title)
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, dpi=110)
 
 
 def run(args: argparse.Namespace) -> int:

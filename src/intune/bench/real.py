@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from intune.bench.results import save_figure
+
 ENGINE_POLICIES = ("none", "heuristic", "autotune", "plumber", "intune")
 QUICK = {"rows": 500_000, "warmup_rows": 16_384, "warmup_s": 12.0, "measure_rows": 163_840, "timeout_s": 240}
 FULL = {"rows": 1_000_000, "warmup_rows": 65_536, "warmup_s": 30.0, "measure_rows": 655_360, "timeout_s": 900}
@@ -288,9 +290,4 @@ def plot(results: list[dict[str, Any]], bound: dict[str, float], path: str) -> P
     ax.set_ylabel("rows/s")
     ax.set_title("DLRM preprocessing (dlrm_heavy) on this machine")
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, dpi=120)

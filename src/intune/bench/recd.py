@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.bench.results import format_table, write_json
+from intune.bench.results import format_table, save_figure, write_json
 
 TARGETS = {"storage_ratio": 2.0, "preprocess_ratio": 1.5, "train_ratio": 1.5}  # at mean session length 8
 CONTROL_FLOOR = 0.95  # at length 1, dedup may be at most 5% slower
@@ -338,10 +338,7 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
     ax_auc.set_ylabel("held-out AUC after the same samples")
     ax_auc.set_title("model quality")
     ax_auc.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from intune.bench.results import format_table
+from intune.bench.results import format_table, save_figure
 
 
 def load_history(path: str | Path) -> list[dict[str, Any]]:
@@ -98,12 +98,7 @@ def plot_history(rows: Sequence[dict[str, Any]], out: str | Path, title: str = "
     ax_rew.set_ylabel("reward")
     ax_rew.set_xlabel(xlabel)
 
-    fig.tight_layout()
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, dpi=100)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""The one JSON schema of benchmark results, the machine description, and table printing.
+"""The one JSON schema of benchmark results, the machine description, table printing, figure saving.
 
 Every ``intune bench ...`` writes ``{"machine": {...}, "results": [...]}`` through ``write_json`` so the
 schema lives in one place. It must not run benchmarks itself.
@@ -57,6 +57,18 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it to ``path`` (creating the folder) and release it; return the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """A plain-text table (markdown pipe style, so it pastes into the README)."""
     if not rows:
@@ -64,7 +76,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     columns = list(columns or rows[0].keys())
     cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths, strict=True)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(columns), sep, *(line(r) for r in cells)])
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from intune.bench.results import save_figure
+
 
 def _smooth(x: np.ndarray, k: int) -> np.ndarray:
     if k <= 1 or len(x) < k:
@@ -40,12 +42,7 @@ def plot_figure7(path: str | Path, traces: dict[str, dict[str, Any]]) -> Path:
         ax.set_xlabel("tick (s)")
         ax.set_ylabel("throughput / none")
         ax.legend(fontsize=7, ncol=4, loc="upper left")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_figure8(path: str | Path, panels: dict[str, list[dict[str, Any]]]) -> Path:
@@ -74,9 +71,5 @@ def plot_figure8(path: str | Path, panels: dict[str, list[dict[str, Any]]]) -> P
         ax.set_xlabel(param)
         ax.set_ylabel("throughput / autotune")
         ax.legend(fontsize=7)
-    fig.tight_layout()
     p = Path(path)
-    out = p.with_name(p.stem + "-fig8" + (p.suffix or ".png"))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, p.with_name(p.stem + "-fig8" + (p.suffix or ".png")), dpi=110)
