@@ -159,6 +159,45 @@ def test_prefetch_buffer_is_bounded_in_bytes_by_its_knob():
         assert len(list(it)) == 40 - 7
 
 
+def _prefetch_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("intune-prefetch")]
+
+
+def test_prefetch_after_a_serial_stage_is_its_channel_not_a_thread():
+    """Batch -> prefetch: the prefetch buffer is the batch stage's output channel under prefetch's
+    bounds; it is counted once (by prefetch), and its counters come from the consumer's gets."""
+    pipe = intune.Pipeline.from_iterable(chunks(1000)).batch(50).prefetch(depth=3)
+    with pipe:
+        it = iter(pipe)
+        next(it)
+        assert _prefetch_threads() == []
+        deadline = time.monotonic() + 5
+        while pipe.metrics().stages["prefetch"].queue_len < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        m = pipe.metrics()
+        assert m.stages["prefetch"].queue_len == 3  # depth, although the batcher could make 17 more
+        assert m.stages["prefetch"].buffered_bytes == 3 * 50 * (8 + 4)
+        assert m.stages["batch"].queue_len == 0 and m.stages["batch"].queue_fill == 1.0  # full: it waits
+        assert m.buffered_bytes == sum(s.buffered_bytes for s in m.stages.values())
+        assert m.stages["batch"].buffered_bytes == 0
+        rest = list(it)
+        m = pipe.metrics()
+    assert len(rest) == 19
+    assert m.stages["prefetch"].items == 20 and m.stages["prefetch"].rows == 1000
+    assert m.stages["prefetch"].blocked_s > 0  # the batch stage waited on the full buffer
+
+
+def test_prefetch_after_a_pool_keeps_its_own_thread():
+    pipe = intune.Pipeline.from_iterable(chunks(1000)).map(lambda c: c, name="udf", workers=2).prefetch(depth=2)
+    with pipe:
+        it = iter(pipe)
+        next(it)
+        assert _prefetch_threads() != []
+        assert len(list(it)) == 9
+        assert pipe.metrics().stages["prefetch"].items == 10
+
+
 def test_shuffle_buffer_is_bounded_in_bytes_by_its_knob():
     rows = [{"x": np.zeros(16384, dtype=np.float64)} for _ in range(64)]  # 64 chunks of 128 KB
     pipe = intune.Pipeline.from_iterable(rows).shuffle(buffer_rows=10**9, buffer_mb=2)

@@ -6,15 +6,20 @@ holding a chunk; an ordered channel then releases entries strictly by sequence n
 order whatever the worker count), a FIFO one as they arrive. A sequential producer ``put``s and blocks
 while the channel is over its item or byte bound. Each entry is a list of 0..n items (a skipped chunk
 is an empty entry; a read unit yields several chunks), and ``get`` hands items out one by one with a
-fresh contiguous sequence number. This module must not know what the items contain.
+fresh contiguous sequence number. A sequential producer's channel may also be ``adopt``ed by the stage
+after it (prefetch): its bounds become that stage's, and the channel keeps the stage's counters
+(items and bytes handed out, time the consumer waited on it empty and the producer waited on it full),
+so a stage that only buffers costs no thread and no hand-over. This module must not know what the items
+contain.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 END: Any = object()  # returned by get() when the producer has finished and everything was taken
 TIMEOUT: Any = object()  # returned by get() when its timeout passed
@@ -37,6 +42,16 @@ class Item:
 
 
 Bound = Callable[[], int]
+
+
+class Counters(Protocol):
+    """What an adopting stage counts through the channel (its ``WorkerStats``)."""
+
+    items: int
+    rows: int
+    bytes_out: int
+    starved_s: float
+    blocked_s: float
 
 
 class Channel:
@@ -73,14 +88,40 @@ class Channel:
         self._outstanding = 0  # reserved slots not yet released (pooled producers)
         self.items = 0  # items held now
         self.bytes = 0  # bytes held now
+        self.counters: Counters | None = None  # set by ``adopt``
+
+    @property
+    def sequential(self) -> bool:
+        """True for a sequential producer's channel (bounded by items/bytes, not by a window)."""
+        return self._window is None
+
+    def adopt(self, max_items: Bound, max_bytes: Bound | None, counters: Counters) -> None:
+        """Make this channel the next stage's buffer: its bounds, its counters (see the module doc)."""
+        if not self.sequential:
+            raise ValueError(f"channel {self.name!r}: a pooled producer's channel cannot be adopted")
+        with self._lock:
+            self._max_items, self._max_bytes, self.counters = max_items, max_bytes, counters
+            self._not_full.notify_all()
+
+    @property
+    def adopted(self) -> bool:
+        return self.counters is not None
+
+    def full(self) -> bool:
+        """At its item or byte bound (no room for one more item)."""
+        return bool(self.items) and self._over(1, 0)
 
     # ---- producers -------------------------------------------------------------------------------
     def put(self, items: list[Item]) -> None:
         """Sequential producer: append an entry, blocking while over the item/byte bound."""
         size = sum(i.nbytes for i in items)
         with self._lock:
-            while self.items and self._over(len(items), size):
-                self._wait(self._not_full)
+            if self.items and self._over(len(items), size):
+                t0 = time.perf_counter()
+                while self.items and self._over(len(items), size):
+                    self._wait(self._not_full)
+                if self.counters is not None:
+                    self.counters.blocked_s += time.perf_counter() - t0
             self._add(self._put_seq, items, size)
             self._put_seq += 1
 
@@ -123,12 +164,21 @@ class Channel:
                     seq = self._handed_out
                     self._handed_out += 1
                     self._not_full.notify()
+                    counters = self.counters
+                    if counters is not None:
+                        counters.items += 1
+                        counters.rows += item.rows
+                        counters.bytes_out += item.nbytes
                     return seq, item
                 if self._release_one():
                     continue
                 if self._total is not None and self._released >= self._total:
                     return END
-                if not self._wait(self._not_empty, timeout) and timeout is not None:
+                t0 = time.perf_counter()
+                notified = self._wait(self._not_empty, timeout)
+                if self.counters is not None:
+                    self.counters.starved_s += time.perf_counter() - t0
+                if not notified and timeout is not None:
                     if not self._ready and not self._releasable():
                         return TIMEOUT
 

@@ -158,7 +158,12 @@ class BatchStage(Stage):
 
 
 class PrefetchStage(Stage):
-    """A buffer of ready batches in front of the consumer: ``depth`` items and ``buffer_mb`` bytes at most."""
+    """A buffer of ready batches in front of the consumer: ``depth`` items and ``buffer_mb`` bytes at most.
+
+    After a one-thread stage it adopts that stage's output channel (no thread of its own; its starved
+    time is the consumer's wait on an empty buffer, its blocked time the producer's wait on a full one);
+    after a pool it runs a thread that moves items into its own bounded channel.
+    """
 
     kind = "prefetch"
 
@@ -180,12 +185,22 @@ class PrefetchStage(Stage):
             return 0.0
         return min(1.0, max(out.items / self.depth, out.bytes / (self._mb * MiB)))
 
+    def held_out(self) -> Channel | None:
+        return self._out  # also when it is the adopted channel of the stage before
+
     def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
         assert inp is not None
+        stats = self.stats.worker(0)
+        if inp.sequential:
+            # after a one-thread stage (batch, shuffle), the prefetch buffer is that stage's output
+            # channel with this stage's bounds: the same overlap, without a thread that only moves items
+            # (each hand-over between threads costs a wake-up and a GIL switch per batch)
+            inp.adopt(lambda: self.depth, lambda: self._mb * MiB, stats)
+            self._out = inp
+            return inp
         out = epoch.channel(
             f"{self.name}.out", max_items=lambda: self.depth, max_bytes=lambda: self._mb * MiB
         )
         self._out = out
-        stats = self.stats.worker(0)
         epoch.spawn(lambda: sequential_loop(stats, inp, out, lambda item: [item], lambda: []), self.name)
         return out

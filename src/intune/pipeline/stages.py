@@ -72,14 +72,22 @@ class Stage:
     def queue_capacity(self) -> int:
         return 0
 
+    def held_out(self) -> Channel | None:
+        """The output channel whose items this stage holds: not one the next stage adopted as its buffer
+        (that stage counts it; this one only sees whether it is full)."""
+        out = self._out
+        return out if out is not None and not out.adopted else None
+
     def queue_fill(self) -> float:
         out = self._out
+        if out is not None and out.adopted:
+            return 1.0 if out.full() else 0.0
         cap = self.queue_capacity()
         return min(1.0, out.items / cap) if out is not None and cap else 0.0
 
     def snapshot(self) -> StageMetrics:
         t = self.stats.totals()
-        out = self._out
+        out = self.held_out()
         return StageMetrics(
             name=self.name,
             kind=self.kind,
