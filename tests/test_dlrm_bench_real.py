@@ -67,6 +67,30 @@ def test_one_system_measured_in_its_own_process(tmp_path) -> None:
     assert out["config"]["knobs"]["udf.workers"] == 1
 
 
+def test_a_tuned_run_keeps_its_history(tmp_path) -> None:
+    files = data.generate(20_000, tmp_path, seed=0, row_group_rows=8_192)
+    spec = {
+        "system": "intune-engine",
+        "policy": "heuristic",
+        "files": [str(f) for f in files],
+        "udf": "standard",
+        "table_size": 1000,
+        "batch_rows": 2048,
+        "cpus": 2.0,
+        "model_latency_ms": 0.0,
+        "warmup_rows": 2048,
+        "warmup_s": 1.5,
+        "measure_rows": 8192,
+        "tick_s": 0.25,
+        "history": str(tmp_path / "hist" / "heuristic.jsonl"),
+    }
+    out = real.run_child(spec, timeout_s=120)
+    assert "error" not in out, out
+    ticks = (tmp_path / "hist" / "heuristic.jsonl").read_text().splitlines()
+    assert len(ticks) >= 2
+    assert abs(len(out["config"]["knob_trace"]["udf.workers"]) - len(ticks)) <= 1  # the tuner still ticks
+
+
 def test_markdown_report_carries_the_context() -> None:
     results = [
         {
@@ -79,7 +103,7 @@ def test_markdown_report_carries_the_context() -> None:
             "system": "intune-engine",
             "policy": "plumber",
             "rows_per_s": 150.0,
-            "config": {"knobs": {"udf.workers": 1}},
+            "config": {"knobs": {"udf.workers": 1}, "knob_trace": {"udf.workers": [1, 2, 2, 1]}},
         },
     ]
     bound = {
@@ -112,6 +136,7 @@ def test_markdown_report_carries_the_context() -> None:
         "0.75",
     ]
     assert "- plumber: {'udf.workers': 1}" in text and "'buffer_size': 2.0" in text
+    assert "- plumber: udf.workers 1x1 2x2 1x1" in text  # the tuner's trajectory, run-length coded
 
 
 def test_hand_set_engine_allocations_only_on_request() -> None:

@@ -40,6 +40,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch", type=int, default=4096, help="rows per batch")
     parser.add_argument("--table-size", type=int, default=50_000, help="embedding rows per table at most")
+    parser.add_argument(
+        "--history",
+        default=None,
+        metavar="DIR",
+        help="write each tuned engine run's tuner history here as DIR/<policy>.jsonl (knobs per tick)",
+    )
 
 
 def cpu_bound(files: list[Path], udf: Any, batch_rows: int, cpus: float, groups: int = 2) -> dict[str, float]:
@@ -163,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
             "model_latency_ms": args.model_latency,
             **{k: size[k] for k in ("warmup_rows", "warmup_s", "measure_rows")},
         }
+        if args.history and system == "intune-engine":
+            spec["history"] = str(Path(args.history) / f"{policy}.jsonl")
         out = run_child(spec, size["timeout_s"])
         row = {"system": system, "policy": policy, **out}
         if "error" in out:
@@ -228,7 +236,25 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
         *[f"- {name}: {values}" for name, values in chosen.items()],
         "",
     ]
+    traces = {r["policy"]: (r.get("config") or {}).get("knob_trace") for r in payload["results"]}
+    traces = {policy: trace for policy, trace in traces.items() if trace}
+    if traces:
+        lines += ["Worker counts over the run (value x ticks, one tick a second, warm-up included):", ""]
+        for policy, trace in traces.items():
+            lines += [f"- {policy}: " + "; ".join(f"{name} {runs(values)}" for name, values in trace.items())]
+        lines.append("")
     return "\n".join(lines)
+
+
+def runs(values: list[int]) -> str:
+    """``[1, 2, 2, 2]`` as ``1x1 2x3``: a tuner's trajectory in a line."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return " ".join(f"{v}x{n}" for v, n in out)
 
 
 def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, str]]:

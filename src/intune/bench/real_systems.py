@@ -303,9 +303,23 @@ def run_engine(spec: dict[str, Any], udf: Any) -> dict[str, Any]:
             "stage_cpu_s": {name: s.cpu_s for name, s in metrics.stages.items()},
             "tuner_errors": sum(1 for row in tuner.history() if row.get("error")) if tuner else 0,
         }
+        if tuner is not None:
+            result["config"]["knob_trace"] = knob_trace(tuner.history())
+            if spec.get("history"):
+                tuner.save(spec["history"])
     finally:
         (tuner or pipe).close()
     return result
+
+
+def knob_trace(history: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each CPU knob's value per tick (what the policy did over the run, for the report)."""
+    trace: dict[str, list[int]] = {}
+    for row in history:
+        for name, value in row.get("knobs", {}).items():
+            if name.endswith(".workers"):
+                trace.setdefault(name, []).append(int(value))
+    return trace
 
 
 def fixed_allocation(policy: str) -> dict[str, int] | None:
