@@ -110,6 +110,14 @@ class AgentConfig:
     online_buffer_size: int = 2048
     """Transitions kept for online fine-tuning."""
 
+    memory_ticks: int = 30
+    """Ticks a worker vector's measured throughput is remembered by the policy's guard, which holds the
+    CPU knobs instead of moving back to a vector measured clearly worse (0 turns the guard off)."""
+
+    memory_tolerance: float = 0.05
+    """How much worse (relative) a remembered vector must be for the guard to hold; about the live
+    noise. Doubled when a value comes only from the tick right after a change (partly transitional)."""
+
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with the weights (e.g. the command that produced them)."""
 
@@ -121,7 +129,8 @@ class AgentConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
-        """Inverse of ``to_dict``; unknown keys raise so that a stale weights file is noticed."""
+        """Inverse of ``to_dict``; unknown keys raise so that a stale weights file is noticed, missing
+        keys take their defaults (weights saved before a field existed still load)."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:

@@ -1,7 +1,9 @@
 """IntunePolicy: the pretrained DQN as a Policy (registry name ``intune``), fine-tuned online.
 
 Starts from the even split (the paper's choice) or from Plumber's estimate (``warm_start="plumber"``),
-then every tick moves each knob by one of the deltas, greedily under the safety mask. ``observe``
+then every tick moves each knob by one of the deltas, greedily under the safety mask; a guard holds the
+CPU knobs where the move leads back to a worker vector recently measured clearly worse
+(``intune.agent.memory``: the network can be wrong in a live state it never saw). ``observe``
 (the live tuner calls it each tick with the reward) feeds a small replay buffer and takes a gradient
 step every few ticks, off the decision path. Weights load with ``torch.load(weights_only=True)``. It
 must not touch knobs itself: it returns requests, the runner applies them.
@@ -20,6 +22,7 @@ import torch
 from intune.agent.config import AgentConfig
 from intune.agent.dqn import new_network, td_loss
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
+from intune.agent.memory import AllocationMemory
 from intune.agent.network import BranchingQNetwork
 from intune.agent.replay import ReplayBuffer
 from intune.agent.safety import SafetyLayer
@@ -88,17 +91,23 @@ class IntunePolicy:
         self._target: BranchingQNetwork | None = None
         self._buffer: ReplayBuffer | None = None
         self._observed = 0
+        self.guard_holds = 0  # ticks the allocation memory turned the network's CPU moves into holds
 
     # -- Policy protocol ---------------------------------------------------------------------------
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self.knobs = dict(knobs)
         self.builder = FeatureBuilder(self.knobs, global_only=self.config.global_only)
         self.safety = SafetyLayer(list(self.knobs.values()), self.config.action_deltas, self.config.memory_margin)
+        self._is_cpu = np.array([k.unit == "cpu" for k in self.safety.knobs])
+        self.memory = AllocationMemory(self.config.memory_ticks, self.config.memory_tolerance)
         self._start = self._start_allocation(observation)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._pending_reward: float | None = None
 
     def step(self, observation: Observation) -> dict[str, int]:
+        # the throughput of the last tick belongs to the workers in place now, before this tick's move
+        workers = tuple(int(k.value) for k, c in zip(self.safety.knobs, self._is_cpu, strict=True) if c)
+        self.memory.observe(observation.cpus, workers, observation.throughput, valid=not observation.oom)
         if self._start is not None:
             start, self._start = self._start, None
             self.safety.track(observation)  # so the start's change of workers teaches what a worker costs
@@ -110,7 +119,7 @@ class IntunePolicy:
         n = len(values)
         with torch.inference_mode():
             q_values = self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
-        choice = self.safety.select(q_values, mask, observation, values)
+        choice = self._guard(self.safety.select(q_values, mask, observation, values), observation, values)
         wanted = np.asarray(values, dtype=np.int64) + self.safety.moves(choice, observation)
         # buffers that cannot fit when full are cut now, whatever the network chose (recorded as -5)
         trimmed = self.safety.trim(observation, values)  # never above the current values
@@ -121,7 +130,22 @@ class IntunePolicy:
         actions = np.full(MAX_KNOBS, self.safety.zero, dtype=np.int64)
         actions[:n] = choice
         self._last = (rows, valid, actions)
-        return {k.name: int(w) for k, v, w in zip(self.safety.knobs, values, wanted) if w != v}
+        return {k.name: int(w) for k, v, w in zip(self.safety.knobs, values, wanted, strict=True) if w != v}
+
+    def _guard(self, choice: np.ndarray, obs: Observation, values: list[int]) -> np.ndarray:
+        """Hold every CPU knob if their moves lead to a worker vector recently measured clearly worse
+        than the current one. Only moves become holds, so the safety layer's limits still hold (fewer
+        added workers, no memory added); buffer moves go through."""
+        moves = self.safety.moves(choice, obs)
+        if not self.memory.enabled or not moves[self._is_cpu].any():
+            return choice
+        now = np.asarray(values, dtype=np.int64)[self._is_cpu]
+        if not self.memory.is_worse(tuple((now + moves[self._is_cpu]).tolist()), tuple(now.tolist())):
+            return choice
+        self.guard_holds += 1
+        held = choice.copy()
+        held[self._is_cpu] = self.safety.zero
+        return held
 
     # -- online fine-tuning ------------------------------------------------------------------------
     def observe(self, observation: Observation, reward: float) -> None:
@@ -182,7 +206,7 @@ class IntunePolicy:
         values = {n: k.value for n, k in self.knobs.items()}
         # buffers the memory cannot hold when full are cut before anything else (the tuner applies
         # decreases first); the workers then grow only into what is left
-        trimmed = dict(zip(values, self.safety.trim(obs, list(values.values())).tolist()))
+        trimmed = dict(zip(values, self.safety.trim(obs, list(values.values())).tolist(), strict=True))
         for n, v in trimmed.items():
             if v < values[n]:
                 wanted[n] = min(int(wanted.get(n, v)), v)

@@ -1,0 +1,158 @@
+"""The allocation memory and the policy's guard: no moving back into a worker vector just measured worse."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from _knobs import dict_knobs
+from intune.agent.config import AgentConfig
+from intune.agent.features import KNOB_FEATURES
+from intune.agent.memory import AllocationMemory
+from intune.agent.policy import IntunePolicy
+from intune.observation import Observation, StageObservation
+
+MB = 1 << 20
+
+
+# -- the memory on its own ----------------------------------------------------------------------------
+def test_readings_are_kept_per_worker_vector_and_expire():
+    memory = AllocationMemory(ticks=5, tolerance=0.05)
+    memory.observe(2.0, (1, 2), 120.0)
+    memory.observe(2.0, (1, 1), 75.0)
+    assert memory.recall((1, 2)).value == 120.0
+    assert memory.recall((1, 1)).value == 75.0
+    assert memory.recall((2, 1)) is None
+    for _ in range(4):
+        memory.observe(2.0, (1, 1), 75.0)
+    assert memory.recall((1, 2)) is None  # measured 5 ticks ago: expired, to be re-explored
+    assert memory.recall((1, 1)) is not None
+
+
+def test_settled_readings_are_smoothed_and_beat_transitional_ones():
+    memory = AllocationMemory(ticks=30, tolerance=0.05, smoothing=0.5)
+    memory.observe(2.0, (2,), 60.0)  # the tick right after a change: transitional
+    assert not memory.recall((2,)).settled
+    memory.observe(2.0, (2,), 100.0)  # a whole tick under (2,): replaces the transitional reading
+    assert memory.recall((2,)).value == 100.0 and memory.recall((2,)).settled
+    memory.observe(2.0, (2,), 120.0)
+    assert memory.recall((2,)).value == pytest.approx(110.0)
+    memory.observe(2.0, (1,), 70.0)
+    memory.observe(2.0, (2,), 40.0)  # back after one tick away: transitional, does not spoil the settled value
+    assert memory.recall((2,)).value == pytest.approx(110.0)
+
+
+def test_only_a_clearly_worse_recent_vector_is_worse():
+    memory = AllocationMemory(ticks=30, tolerance=0.05)
+    for workers, thr in (((1,), 75.0), ((2,), 120.0), ((2,), 120.0), ((3,), 116.0), ((3,), 116.0), ((2,), 120.0), ((2,), 120.0)):
+        memory.observe(2.0, workers, thr)
+    assert memory.is_worse((1,), (2,))  # 75 < 0.90 x 120 (transitional-only reading: doubled tolerance)
+    assert not memory.is_worse((3,), (2,))  # 116 is within 5% of 120: noise, not worse
+    assert not memory.is_worse((2,), (1,))  # better
+    assert not memory.is_worse((4,), (2,))  # never measured
+    assert not memory.is_worse((2,), (2,))
+
+
+def test_the_tolerance_is_doubled_for_a_reading_taken_right_after_a_change():
+    memory = AllocationMemory(ticks=30, tolerance=0.05)
+    for workers, thr in (((2,), 100.0), ((2,), 100.0), ((1,), 92.0), ((2,), 100.0)):
+        memory.observe(2.0, workers, thr)
+    assert not memory.is_worse((1,), (2,))  # 8% below, but (1,) was seen only in a transitional tick
+    memory.observe(2.0, (1,), 92.0)
+    memory.observe(2.0, (1,), 92.0)  # now settled at 92
+    memory.observe(2.0, (2,), 100.0)
+    memory.observe(2.0, (2,), 100.0)
+    assert memory.is_worse((1,), (2,))
+
+
+def test_a_cpu_change_forgets_everything_and_bad_ticks_are_not_recorded():
+    memory = AllocationMemory(ticks=30, tolerance=0.05)
+    memory.observe(2.0, (1,), 75.0)
+    memory.observe(2.0, (2,), 120.0)
+    assert memory.is_worse((1,), (2,))
+    memory.observe(4.0, (2,), 130.0)
+    assert memory.recall((1,)) is None and not memory.is_worse((1,), (2,))
+    memory.observe(4.0, (3,), 500.0, valid=False)  # an OOM tick
+    memory.observe(4.0, (4,), 0.0)  # a restart: nothing delivered
+    assert memory.recall((3,)) is None and memory.recall((4,)) is None
+
+
+def test_zero_ticks_turns_it_off():
+    memory = AllocationMemory(ticks=0)
+    memory.observe(2.0, (1,), 75.0)
+    memory.observe(2.0, (2,), 120.0)
+    assert not memory.enabled and not memory.is_worse((1,), (2,))
+
+
+def test_weights_saved_before_the_guard_existed_still_load_with_it_on():
+    old = {k: v for k, v in AgentConfig().to_dict().items() if k not in ("memory_ticks", "memory_tolerance")}
+    config = AgentConfig.from_dict(old)
+    assert config.memory_ticks > 0 and 0 < config.memory_tolerance < 0.2
+
+
+# -- the guard in the policy --------------------------------------------------------------------------
+class Flipper(torch.nn.Module):
+    """A network that is wrong the way the live one was: at 2 udf workers it wants 1, at 1 it wants 2.
+    It also always wants a smaller buffer, a move the guard must let through."""
+
+    def forward(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        q = torch.zeros(rows.shape[0], 5)
+        q[:, 2] = 0.5  # hold
+        is_cpu = rows[:, KNOB_FEATURES.index("is_cpu")] > 0.5
+        log_value = rows[:, KNOB_FEATURES.index("log_value")]
+        at = {w: is_cpu & (torch.abs(log_value - math.log1p(w) / 5.0) < 1e-4) for w in (1, 2)}
+        q[at[2], 1] = 1.0  # -1 worker
+        q[at[1], 3] = 1.0  # +1 worker
+        q[~is_cpu, 1] = 1.0  # -1 buffer step
+        return q
+
+
+def _observation(store, tick, throughput):
+    stages = (
+        StageObservation("read", store["read.workers"], 0, 10.0, 2560.0, 0.01, 0.02, 2 * MB, 0.5, 0.0, 0.5, 0.9, 0.0),
+        StageObservation("udf", store["udf.workers"], 0, 10.0, 2560.0, 0.05, 0.05, 2 * MB, 1.0, 0.0, 0.0, 0.5, 0.0),
+        StageObservation("shuffle", 0, store["shuffle.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, 2 * MB, 0.1, 0.9, 0.0, 0.5, 0.0),
+    )
+    return Observation(tick, 1.0, throughput, 0.0, 2.0, 300 * MB, 8192 * MB, stages, cpu_slack=1.0)
+
+
+def _run(memory_ticks, ticks=24):
+    """The live case: 2 CPUs, a read worker that half waits, udf at 2 workers: 120k rows/s, at 1: 75k."""
+    knobs, store = dict_knobs({"read.workers": ("cpu", 1, 1, 1), "udf.workers": ("cpu", 1, 4, 1),
+                               "shuffle.buffer_mb": ("mb", 16, 4096, 1024)})
+    policy = IntunePolicy(network=Flipper(), config=AgentConfig(memory_ticks=memory_ticks), online=False)
+    obs = _observation(store, 0, 75_000.0)
+    policy.reset(knobs, obs)
+    udf, buffers = [], []
+    for tick in range(1, ticks + 1):
+        request = policy.step(obs)
+        store.update(request)
+        if "udf.workers" not in request and policy._last is not None:
+            udf_index = list(knobs).index("udf.workers")  # a hold is recorded as a hold
+            assert policy._last[2][udf_index] == policy.safety.zero
+            assert policy.builder.last_deltas[udf_index] == 0.0
+        udf.append(store["udf.workers"])
+        buffers.append(store["shuffle.buffer_mb"])
+        obs = _observation(store, tick, {1: 75_000.0, 2: 120_000.0}[store["udf.workers"]])
+    return udf, buffers, policy
+
+
+def test_without_the_guard_the_flipper_flips_every_tick():
+    udf, _, policy = _run(memory_ticks=0)
+    assert udf[-10:] == [2, 1] * 5 or udf[-10:] == [1, 2] * 5
+    assert policy.guard_holds == 0
+
+
+def test_the_guard_stops_the_flip_at_the_better_allocation_and_lets_buffers_move():
+    udf, buffers, policy = _run(memory_ticks=30)
+    assert udf[0] == 1  # the start: the even split
+    assert udf[1:] == [2] * (len(udf) - 1)  # the move to the unknown (better) allocation went through, never back
+    assert policy.guard_holds >= len(udf) - 3
+    assert np.all(np.diff(buffers[1:]) < 0)  # buffer moves go through while the workers are held
+
+
+def test_an_expired_memory_re_explores_once_per_period():
+    udf, _, _ = _run(memory_ticks=6, ticks=30)
+    dips = sum(1 for a, b in zip(udf[:-1], udf[1:], strict=True) if a == 2 and b == 1)
+    assert 2 <= dips <= 30 // 6  # it still looks again after the memory expires, but rarely
