@@ -112,7 +112,7 @@ def _observation(store, tick, throughput):
     stages = (
         StageObservation("read", store["read.workers"], 0, 10.0, 2560.0, 0.01, 0.02, 2 * MB, 0.5, 0.0, 0.5, 0.9, 0.0),
         StageObservation("udf", store["udf.workers"], 0, 10.0, 2560.0, 0.05, 0.05, 2 * MB, 1.0, 0.0, 0.0, 0.5, 0.0),
-        StageObservation("shuffle", 0, store["shuffle.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, 2 * MB, 0.1, 0.9, 0.0, 0.5, 0.0),
+        StageObservation("prefetch", 0, store["prefetch.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, 2 * MB, 0.1, 0.9, 0.0, 0.5, 0.0),
     )
     return Observation(tick, 1.0, throughput, 0.0, 2.0, 300 * MB, 8192 * MB, stages, cpu_slack=1.0)
 
@@ -120,7 +120,7 @@ def _observation(store, tick, throughput):
 def _run(memory_ticks, ticks=24):
     """The live case: 2 CPUs, a read worker that half waits, udf at 2 workers: 120k rows/s, at 1: 75k."""
     knobs, store = dict_knobs({"read.workers": ("cpu", 1, 1, 1), "udf.workers": ("cpu", 1, 4, 1),
-                               "shuffle.buffer_mb": ("mb", 16, 4096, 1024)})
+                               "prefetch.buffer_mb": ("mb", 16, 4096, 1024)})
     policy = IntunePolicy(network=Flipper(), config=AgentConfig(memory_ticks=memory_ticks), online=False)
     obs = _observation(store, 0, 75_000.0)
     policy.reset(knobs, obs)
@@ -133,7 +133,7 @@ def _run(memory_ticks, ticks=24):
             assert policy._last[2][udf_index] == policy.safety.zero
             assert policy.builder.last_deltas[udf_index] == 0.0
         udf.append(store["udf.workers"])
-        buffers.append(store["shuffle.buffer_mb"])
+        buffers.append(store["prefetch.buffer_mb"])
         obs = _observation(store, tick, {1: 75_000.0, 2: 120_000.0}[store["udf.workers"]])
     return udf, buffers, policy
 

@@ -118,6 +118,20 @@ class AgentConfig:
     """How much worse (relative) a remembered vector must be for the guard to hold; about the live
     noise. Doubled when a value comes only from the tick right after a change (partly transitional)."""
 
+    memory_strict: int = 0
+    """1: the guard also holds moves back to a vector with a settled reading that is not clearly better
+    than the current one (no wandering among measured allocations); 0: only clearly worse ones."""
+
+    dwell_ticks: int = 1
+    """Ticks the CPU knobs hold after a move (so the new vector's throughput is measured settled)."""
+
+    probe_after: int = 5
+    """Ticks the workers must have held (and the network keep holding them) before the policy tries one
+    worker more on the bottleneck stage, or moves one there from the least busy stage when no CPU is
+    free; a vector the memory knows is not tried again while remembered (0: never probe). Also, while
+    holding, it steps back towards a remembered vector clearly better than the current one. This is how
+    the agent gets out of a live state where the sim-trained network keeps holding below the optimum."""
+
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with the weights (e.g. the command that produced them)."""
 

@@ -39,12 +39,13 @@ class AllocationMemory:
     - ``smoothing``: weight of a new reading in the exponential average of readings of the same kind.
     """
 
-    def __init__(self, ticks: int = 30, tolerance: float = 0.05, smoothing: float = 0.5) -> None:
+    def __init__(self, ticks: int = 30, tolerance: float = 0.05, smoothing: float = 0.5, strict: bool = False) -> None:
         if ticks < 0 or not 0.0 <= tolerance < 1.0 or not 0.0 < smoothing <= 1.0:
             raise ValueError(f"AllocationMemory: bad ticks={ticks} tolerance={tolerance} smoothing={smoothing}")
         self.ticks = ticks
         self.tolerance = tolerance
         self.smoothing = smoothing
+        self.strict = strict
         self.tick = 0
         self._cpus: float | None = None
         self._previous: Workers | None = None
@@ -94,14 +95,35 @@ class AllocationMemory:
         return r
 
     def is_worse(self, candidate: Workers, current: Workers) -> bool:
-        """Whether ``candidate`` was recently measured clearly below ``current`` (False if either is unknown)."""
+        """Whether ``candidate`` was recently measured clearly below ``current`` (False if either is unknown).
+
+        With ``strict``, a settled reading of ``candidate`` must be clearly *above* the current one for a
+        move back to it: the network may not wander among allocations it has already measured (it
+        would jitter between near-equal ones); unknown or only-transitional vectors stay open.
+        """
         if candidate == current:
             return False
         new, now = self.recall(candidate), self.recall(current)
         if new is None or now is None:
             return False
+        if self.strict and new.settled:
+            return not new.value * (1.0 - self.tolerance) > now.value
         tolerance = self.tolerance if new.settled and now.settled else min(2.0 * self.tolerance, 0.5)
         return new.value < (1.0 - tolerance) * now.value
+
+    def best(self) -> tuple[Workers, Reading] | None:
+        """The remembered vector with the highest settled reading (None if none is settled)."""
+        live = [(w, r) for w, r in self._readings.items() if r.settled and self.tick - r.tick < self.ticks]
+        return max(live, key=lambda wr: wr[1].value) if live else None
+
+    def is_better(self, candidate: Workers, current: Workers) -> bool:
+        """Whether ``candidate`` was recently measured, settled, clearly above ``current`` (also settled)."""
+        if candidate == current:
+            return False
+        new, now = self.recall(candidate), self.recall(current)
+        if new is None or now is None or not (new.settled and now.settled):
+            return False
+        return new.value * (1.0 - self.tolerance) > now.value
 
     def _expire(self) -> None:
         self._readings = {w: r for w, r in self._readings.items() if self.tick - r.tick < self.ticks}

@@ -30,6 +30,7 @@ from intune.knobs import Knob
 from intune.observation import OOM_PENALTY, Observation
 from intune.observation import reward as contract_reward
 from intune.policies.base import even_split
+from intune.policies.static import stage_role
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
@@ -99,7 +100,16 @@ class IntunePolicy:
         self.builder = FeatureBuilder(self.knobs, global_only=self.config.global_only)
         self.safety = SafetyLayer(list(self.knobs.values()), self.config.action_deltas, self.config.memory_margin)
         self._is_cpu = np.array([k.unit == "cpu" for k in self.safety.knobs])
-        self.memory = AllocationMemory(self.config.memory_ticks, self.config.memory_tolerance)
+        self.memory = AllocationMemory(self.config.memory_ticks, self.config.memory_tolerance, strict=bool(self.config.memory_strict))
+        self._is_shuffle = np.array(
+            [k.unit == "mb" and stage_role(k.stage) == "shuffle" for k in self.safety.knobs]
+        )
+        # the user's shuffle buffer sets how random the order is: a floor, except when memory forces a cut
+        self._floor = np.array([k.value if f else k.min for k, f in zip(self.safety.knobs, self._is_shuffle, strict=True)])
+        self._held_ticks = 0  # ticks the workers have not moved
+        self._moved_once = False
+        self.probes = 0  # ticks the policy tried a worker the network did not ask for
+        self.reverts = 0  # ticks it stepped back towards a remembered better vector
         self._start = self._start_allocation(observation)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._pending_reward: float | None = None
@@ -120,12 +130,21 @@ class IntunePolicy:
         with torch.inference_mode():
             q_values = self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
         choice = self._guard(self.safety.select(q_values, mask, observation, values), observation, values)
-        wanted = np.asarray(values, dtype=np.int64) + self.safety.moves(choice, observation)
+        choice = self._steer(choice, mask, observation, values)
+        now = np.asarray(values, dtype=np.int64)
+        wanted = now + self.safety.moves(choice, observation)
+        # a shuffle buffer does not go below the user's size unless memory forces it (next lines)
+        floored = self._is_shuffle & (wanted < self._floor) & (wanted < now)
+        wanted = np.where(floored, np.maximum(now, np.minimum(self._floor, now)), wanted)
+        choice[floored] = self.safety.zero
         # buffers that cannot fit when full are cut now, whatever the network chose (recorded as -5)
         trimmed = self.safety.trim(observation, values)  # never above the current values
-        forced = np.array([k.unit == "mb" for k in self.safety.knobs]) & (trimmed < wanted)
+        forced = ~self._is_cpu & (trimmed < now) & (trimmed < wanted)
         wanted = np.where(forced, trimmed, wanted)
         choice[forced] = int(np.argmin(self.safety.deltas))
+        moved = bool((wanted != now)[self._is_cpu].any())
+        self._held_ticks = 0 if moved else self._held_ticks + 1
+        self._moved_once = self._moved_once or moved
         self.builder.applied(self.safety.deltas[choice])
         actions = np.full(MAX_KNOBS, self.safety.zero, dtype=np.int64)
         actions[:n] = choice
@@ -139,6 +158,10 @@ class IntunePolicy:
         moves = self.safety.moves(choice, obs)
         if not self.memory.enabled or not moves[self._is_cpu].any():
             return choice
+        if 0 < self._held_ticks + 1 <= self.config.dwell_ticks and self._moved_once:
+            held = choice.copy()  # stay until the new vector has a settled reading
+            held[self._is_cpu] = self.safety.zero
+            return held
         now = np.asarray(values, dtype=np.int64)[self._is_cpu]
         if not self.memory.is_worse(tuple((now + moves[self._is_cpu]).tolist()), tuple(now.tolist())):
             return choice
@@ -146,6 +169,68 @@ class IntunePolicy:
         held = choice.copy()
         held[self._is_cpu] = self.safety.zero
         return held
+
+    def _steer(self, choice: np.ndarray, mask: np.ndarray, obs: Observation, values: list[int]) -> np.ndarray:
+        """When the network holds the workers: step back towards a remembered vector clearly better than
+        the current one, or, after ``probe_after`` ticks of holding, try one worker more on the
+        bottleneck (the busiest stage), taken from the free CPUs or from the least busy stage. Each
+        CPU move is one that the safety mask allows on its own, and at most one worker is added, only
+        when a CPU is free or one is removed in the same tick, so the safety limits still hold."""
+        if not self.memory.enabled or self.config.probe_after <= 0 or not self._is_cpu.any():
+            return choice
+        if self.safety.moves(choice, obs)[self._is_cpu].any():
+            return choice  # the network (or the guard) moves the workers: leave it
+        cpu = np.flatnonzero(self._is_cpu)
+        now = np.asarray(values, dtype=np.int64)
+        current = tuple(now[cpu].tolist())
+        up = int(np.flatnonzero(self.safety.deltas == 1)[0])
+        down = int(np.flatnonzero(self.safety.deltas == -1)[0])
+        free = int(np.floor(obs.free_cpus + 1e-9))
+
+        def try_moves(moves: dict[int, int]) -> np.ndarray | None:
+            """Apply +-1 moves (knob index -> +1/-1) if each is allowed and the CPUs allow them together."""
+            if not moves or sum(moves.values()) > max(free, 0):
+                return None
+            out = choice.copy()
+            for k, d in moves.items():
+                a = up if d > 0 else down
+                if not mask[k, a]:
+                    return None
+                out[k] = a
+            return out
+
+        best = self.memory.best()
+        if best is not None and self.memory.is_better(best[0], current):
+            target = np.asarray(best[0], dtype=np.int64)
+            diff = target - now[cpu]
+            falling = {int(cpu[i]): -1 for i in np.flatnonzero(diff < 0)}
+            rising = [int(cpu[i]) for i in np.flatnonzero(diff > 0)]
+            # one worker back where it was better (paid by the free CPUs or the workers given back),
+            # else only give back
+            for moves in ([{**falling, rising[0]: 1}] if rising else []) + [falling]:
+                out = try_moves(moves)
+                if out is not None:
+                    self.reverts += 1
+                    return out
+        if self._held_ticks < self.config.probe_after:
+            return choice
+        busy = {s.name: s.busy for s in obs.stages}
+        starved = {s.name: s.starved for s in obs.stages}
+        order = sorted(cpu, key=lambda k: (-busy.get(self.safety.knobs[k].stage, 0.0), starved.get(self.safety.knobs[k].stage, 0.0)))
+        neck = int(order[0])
+        donors = [int(k) for k in reversed(order) if k != neck and now[k] > self.safety.knobs[k].min]
+        for moves in ([{neck: 1}] if free >= 1 else []) + [{neck: 1, d: -1} for d in donors[:1]]:
+            candidate = now.copy()
+            for k, d in moves.items():
+                candidate[k] += d
+            if self.memory.recall(tuple(candidate[cpu].tolist())) is not None:
+                continue  # measured recently: the guard and the step back already use what it showed
+            out = try_moves(moves)
+            if out is not None:
+                self.probes += 1
+                self._held_ticks = 0
+                return out
+        return choice
 
     # -- online fine-tuning ------------------------------------------------------------------------
     def observe(self, observation: Observation, reward: float) -> None:

@@ -1,0 +1,115 @@
+"""What the policy adds around the network: a probe of the bottleneck and a step back when the network
+holds, a dwell after each move, the user's shuffle buffer as a floor, buffer growth that goes through."""
+
+import torch
+
+from _knobs import dict_knobs
+from intune.agent.config import AgentConfig
+from intune.agent.features import KNOB_FEATURES
+from intune.agent.policy import IntunePolicy
+from intune.observation import Observation, StageObservation
+
+MB = 1 << 20
+HOLD, DOWN5, UP1 = 2, 0, 3  # indices of 0, -5 and +1 in the deltas (-5, -1, 0, +1, +5)
+
+
+class Fixed(torch.nn.Module):
+    """A network that always prefers one action for CPU knobs and one for buffer knobs."""
+
+    def __init__(self, cpu_action: int = HOLD, mb_action: int = HOLD) -> None:
+        super().__init__()
+        self.cpu_action, self.mb_action = cpu_action, mb_action
+
+    def forward(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        q = torch.zeros(rows.shape[0], 5)
+        is_cpu = rows[:, KNOB_FEATURES.index("is_cpu")] > 0.5
+        q[is_cpu, self.cpu_action] = 1.0
+        q[~is_cpu, self.mb_action] = 1.0
+        return q
+
+
+def _stage(name, workers, buffer_mb, busy, starved):
+    return StageObservation(name, workers, buffer_mb, 10.0, 2560.0, 0.01, 0.02, 1 * MB, busy, starved, 0.0, 0.5, 0.0)
+
+
+def _obs(store, tick, throughput, memory_used=300 * MB, limit=8192 * MB):
+    stages = (
+        _stage("read", store["read.workers"], 0, 1.0, 0.0),  # the bottleneck: busy all the time
+        _stage("udf", store["udf.workers"], 0, 0.4, 0.6),
+        _stage("shuffle", 0, store["shuffle.buffer_mb"], 0.1, 0.9),
+        _stage("prefetch", 0, store["prefetch.buffer_mb"], 0.0, 1.0),
+    )
+    return Observation(tick, 1.0, throughput, 0.0, 4.0, memory_used, limit, stages)
+
+
+def _knobs():
+    return dict_knobs({
+        "read.workers": ("cpu", 1, 8, 2),
+        "udf.workers": ("cpu", 1, 8, 2),
+        "shuffle.buffer_mb": ("mb", 1, 4096, 64),
+        "prefetch.buffer_mb": ("mb", 1, 4096, 64),
+    })
+
+
+def _run(network, rate, ticks=20, config=None, memory_used=300 * MB, limit=8192 * MB):
+    """Run the policy; ``rate(store)`` is the throughput of the allocation in force. Returns the stores."""
+    knobs, store = _knobs()
+    policy = IntunePolicy(network=network, config=config or AgentConfig(), online=False)
+    obs = _obs(store, 0, rate(store), memory_used, limit)
+    policy.reset(knobs, obs)
+    seen = []
+    for tick in range(1, ticks + 1):
+        store.update(policy.step(obs))
+        seen.append(dict(store))
+        obs = _obs(store, tick, rate(store), memory_used, limit)
+    return seen, policy
+
+
+def test_a_holding_network_gets_a_probe_of_the_bottleneck_which_stays_when_better():
+    seen, policy = _run(Fixed(), lambda s: 10_000.0 * s["read.workers"])  # 4 CPUs, 4 workers: none free
+    reads = [s["read.workers"] for s in seen]
+    assert reads[0] == 2 and max(reads) == 3  # a worker moved from udf (least busy) to read (busiest)
+    assert seen[-1]["read.workers"] == 3 and seen[-1]["udf.workers"] == 1
+    assert policy.probes >= 1
+
+
+def test_a_probe_that_measures_worse_is_stepped_back_and_not_tried_again():
+    seen, policy = _run(Fixed(), lambda s: 20_000.0 if s["read.workers"] == 2 else 12_000.0, ticks=30)
+    reads = [s["read.workers"] for s in seen]
+    assert 3 in reads and reads[-1] == 2  # tried, then back to the better vector
+    assert policy.reverts >= 1
+    assert policy.probes == 1  # the probed vector stays remembered (30 ticks): no second try
+
+
+def test_dwell_spaces_the_network_moves():
+    knobs, store = _knobs()
+    policy = IntunePolicy(network=Fixed(cpu_action=UP1), config=AgentConfig(probe_after=0), online=False)
+    def obs(tick):
+        o = _obs(store, tick, 1000.0 * store["read.workers"])
+        # 4 CPUs, but the workers leave 6 CPUs' worth unused (they wait): room to grow
+        return Observation(o.tick, o.dt_s, o.throughput, 0.0, 4.0, o.memory_used_bytes, o.memory_limit_bytes, o.stages,
+                           cpu_slack=6.0)
+    policy.reset(knobs, obs(0))
+    reads = []
+    for tick in range(1, 8):
+        store.update(policy.step(obs(tick)))
+        reads.append(store["read.workers"])
+    assert reads == [2, 3, 3, 4, 4, 5, 5]  # start tick, then a move every other tick
+
+
+def test_the_shuffle_buffer_keeps_the_users_size_while_prefetch_may_shrink():
+    seen, _ = _run(Fixed(mb_action=DOWN5), lambda s: 10_000.0, ticks=10, config=AgentConfig(probe_after=0))
+    assert all(s["shuffle.buffer_mb"] == 64 for s in seen)
+    assert seen[-1]["prefetch.buffer_mb"] < 64
+
+
+def test_memory_pressure_still_cuts_the_shuffle_buffer():
+    # 900 MB used of 1 GB: past the 0.8 margin, buffers must shrink whatever the floor
+    seen, _ = _run(Fixed(), lambda s: 10_000.0, ticks=3, config=AgentConfig(probe_after=0),
+                   memory_used=900 * MB, limit=1024 * MB)
+    assert seen[-1]["shuffle.buffer_mb"] < 64
+
+
+def test_buffer_growth_the_network_asks_for_goes_through():
+    seen, _ = _run(Fixed(mb_action=UP1), lambda s: 10_000.0, ticks=6, config=AgentConfig(probe_after=0))
+    assert seen[-1]["prefetch.buffer_mb"] > 64 and seen[-1]["shuffle.buffer_mb"] > 64
