@@ -156,3 +156,15 @@ def test_an_expired_memory_re_explores_once_per_period():
     udf, _, _ = _run(memory_ticks=6, ticks=30)
     dips = sum(1 for a, b in zip(udf[:-1], udf[1:], strict=True) if a == 2 and b == 1)
     assert 2 <= dips <= 30 // 6  # it still looks again after the memory expires, but rarely
+
+
+def test_a_clear_change_at_the_same_workers_forgets_the_other_vectors():
+    memory = AllocationMemory(ticks=100, tolerance=0.05, drift=0.25)
+    memory.observe(2.0, (1, 1), 75.0)
+    memory.observe(2.0, (1, 1), 75.0)  # settled
+    memory.observe(2.0, (1, 2), 120.0)
+    memory.observe(2.0, (1, 2), 120.0)
+    memory.observe(2.0, (1, 2), 110.0)  # noise: kept
+    assert memory.recall((1, 1)) is not None
+    memory.observe(2.0, (1, 2), 60.0)  # half the rate at the same workers: the workload changed
+    assert memory.recall((1, 1)) is None and memory.recall((1, 2)).value == 60.0

@@ -110,13 +110,17 @@ class AgentConfig:
     online_buffer_size: int = 2048
     """Transitions kept for online fine-tuning."""
 
-    memory_ticks: int = 30
+    memory_ticks: int = 120
     """Ticks a worker vector's measured throughput is remembered by the policy's guard, which holds the
     CPU knobs instead of moving back to a vector measured clearly worse (0 turns the guard off)."""
 
     memory_tolerance: float = 0.05
     """How much worse (relative) a remembered vector must be for the guard to hold; about the live
     noise. Doubled when a value comes only from the tick right after a change (partly transitional)."""
+
+    memory_drift: float = 0.25
+    """A settled reading this far (relative) from the current vector's average means the workload
+    changed, and the guard forgets every vector (0: only ``memory_ticks`` expiry forgets)."""
 
     memory_strict: int = 0
     """1: the guard also holds moves back to a vector with a settled reading that is not clearly better

@@ -37,15 +37,20 @@ class AllocationMemory:
       doubled when either value comes only from a tick right after a change (partly transitional:
       process workers start, queues refill).
     - ``smoothing``: weight of a new reading in the exponential average of readings of the same kind.
+    - ``drift``: a settled reading further than this (relative) from the current vector's average means
+      the workload changed: every reading is dropped (0: only expiry forgets).
     """
 
-    def __init__(self, ticks: int = 30, tolerance: float = 0.05, smoothing: float = 0.5, strict: bool = False) -> None:
+    def __init__(
+        self, ticks: int = 30, tolerance: float = 0.05, smoothing: float = 0.5, strict: bool = False, drift: float = 0.0
+    ) -> None:
         if ticks < 0 or not 0.0 <= tolerance < 1.0 or not 0.0 < smoothing <= 1.0:
             raise ValueError(f"AllocationMemory: bad ticks={ticks} tolerance={tolerance} smoothing={smoothing}")
         self.ticks = ticks
         self.tolerance = tolerance
         self.smoothing = smoothing
         self.strict = strict
+        self.drift = drift
         self.tick = 0
         self._cpus: float | None = None
         self._previous: Workers | None = None
@@ -78,6 +83,11 @@ class AllocationMemory:
         settled = workers == self._previous  # the vector was already in place during the tick before
         self._previous = workers
         old = self.recall(workers)
+        if settled and old is not None and old.settled and self.drift > 0 and abs(throughput - old.value) > self.drift * old.value:
+            # the same workers now run at a clearly different rate: the workload changed, and what the
+            # other vectors showed no longer holds
+            self._readings.clear()
+            old = None
         if old is None or (settled and not old.settled):
             self._readings[workers] = Reading(float(throughput), self.tick, settled)
         elif settled == old.settled:

@@ -100,7 +100,12 @@ class IntunePolicy:
         self.builder = FeatureBuilder(self.knobs, global_only=self.config.global_only)
         self.safety = SafetyLayer(list(self.knobs.values()), self.config.action_deltas, self.config.memory_margin)
         self._is_cpu = np.array([k.unit == "cpu" for k in self.safety.knobs])
-        self.memory = AllocationMemory(self.config.memory_ticks, self.config.memory_tolerance, strict=bool(self.config.memory_strict))
+        self.memory = AllocationMemory(
+            self.config.memory_ticks,
+            self.config.memory_tolerance,
+            strict=bool(self.config.memory_strict),
+            drift=self.config.memory_drift,
+        )
         self._is_shuffle = np.array(
             [k.unit == "mb" and stage_role(k.stage) == "shuffle" for k in self.safety.knobs]
         )
