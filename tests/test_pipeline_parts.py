@@ -40,6 +40,20 @@ def test_shuffle_buffer_shrinks_on_request_and_takes_oversized_chunks():
     assert_exactly_once(ids, range(1000))
 
 
+def test_shuffle_buffer_never_copies_itself_while_filling_and_grows_once_when_raised():
+    """Memory grows with the fill (pages of one array written), never by copying a growing buffer:
+    a copy would briefly hold two buffers, enough for an OOM kill under a tight limit."""
+    buf = ShuffleBuffer(np.random.default_rng(0), capacity=1000)
+    buf.add(chunk(0, 10))
+    arrays = {n: id(a) for n, a in buf._buf.items()}
+    for lo in range(10, 3000, 10):
+        buf.add(chunk(lo, lo + 10))
+    assert {n: id(a) for n, a in buf._buf.items()} == arrays and buf.size == 1000
+    buf.resize(1500)
+    buf.add(chunk(3000, 3100))
+    assert all(len(a) == 1500 for a in buf._buf.values()) and buf.size == 1100
+
+
 def test_batcher_passes_whole_batches_without_copy_and_splits_the_rest():
     b = Batcher(100, drop_last=False)
     c = chunk(0, 100)

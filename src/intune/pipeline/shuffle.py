@@ -77,7 +77,10 @@ class ShuffleBuffer:
         out = {n: c[slots] for n, c in self._buf.items()}
         keep = np.ones(self.size, dtype=bool)
         keep[slots] = False
-        self._buf = {n: np.ascontiguousarray(c[: self.size][keep]) for n, c in self._buf.items()}
+        # one column at a time, so that the old and new copies coexist for one column only: a shrink
+        # happens under memory pressure, when a whole second buffer may not fit
+        for n in list(self._buf):
+            self._buf[n] = np.ascontiguousarray(self._buf[n][: self.size][keep])
         self.size = capacity
         return [out]
 
@@ -95,16 +98,18 @@ class ShuffleBuffer:
         return out
 
     def _allocate(self, chunk: Chunk) -> None:
-        rows = len(next(iter(chunk.values())))
-        start = min(self.capacity, max(rows, 1024))
-        self._buf = {n: np.empty((start, *c.shape[1:]), dtype=c.dtype) for n, c in chunk.items()}
+        # the whole capacity at once: ``np.empty`` only reserves address space, pages become resident as
+        # rows are written, so memory grows with the fill and never by copying a growing buffer
+        self._buf = {n: np.empty((self.capacity, *c.shape[1:]), dtype=c.dtype) for n, c in chunk.items()}
 
     def _ensure(self, rows: int) -> None:
+        """Room for ``rows`` after the capacity was raised: one copy to the new capacity, column by column."""
         have = len(next(iter(self._buf.values())))
         if rows <= have:
             return
-        new = min(self.capacity, max(rows, 2 * have))
-        for n, c in self._buf.items():
+        new = max(rows, self.capacity)
+        for n in list(self._buf):
+            c = self._buf[n]
             grown = np.empty((new, *c.shape[1:]), dtype=c.dtype)
             grown[: self.size] = c[: self.size]
             self._buf[n] = grown
