@@ -113,3 +113,10 @@ def test_memory_pressure_still_cuts_the_shuffle_buffer():
 def test_buffer_growth_the_network_asks_for_goes_through():
     seen, _ = _run(Fixed(mb_action=UP1), lambda s: 10_000.0, ticks=6, config=AgentConfig(probe_after=0))
     assert seen[-1]["prefetch.buffer_mb"] > 64 and seen[-1]["shuffle.buffer_mb"] > 64
+
+
+def test_under_a_tight_limit_the_network_may_shrink_the_shuffle_buffer():
+    # 600 MB used of 1 GB, buffers full would take ~700 MB: below the margin (no trim) but not comfortable
+    seen, _ = _run(Fixed(mb_action=DOWN5), lambda s: 10_000.0, ticks=4, config=AgentConfig(probe_after=0),
+                   memory_used=600 * MB, limit=1024 * MB)
+    assert seen[-1]["shuffle.buffer_mb"] < 64

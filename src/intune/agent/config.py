@@ -118,6 +118,11 @@ class AgentConfig:
     """How much worse (relative) a remembered vector must be for the guard to hold; about the live
     noise. Doubled when a value comes only from the tick right after a change (partly transitional)."""
 
+    trim_margin: float = 0.65
+    """Share of the memory limit that the buffers, if full, plus what is used outside them may take
+    before the policy cuts buffers in one tick (``SafetyLayer.trim``); below ``memory_margin`` because
+    that projection misses memory that only comes once data flows."""
+
     memory_drift: float = 0.25
     """A settled reading this far (relative) from the current vector's average means the workload
     changed, and the guard forgets every vector (0: only ``memory_ticks`` expiry forgets)."""

@@ -98,7 +98,9 @@ class IntunePolicy:
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self.knobs = dict(knobs)
         self.builder = FeatureBuilder(self.knobs, global_only=self.config.global_only)
-        self.safety = SafetyLayer(list(self.knobs.values()), self.config.action_deltas, self.config.memory_margin)
+        self.safety = SafetyLayer(
+            list(self.knobs.values()), self.config.action_deltas, self.config.memory_margin, self.config.trim_margin
+        )
         self._is_cpu = np.array([k.unit == "cpu" for k in self.safety.knobs])
         self.memory = AllocationMemory(
             self.config.memory_ticks,
@@ -138,8 +140,10 @@ class IntunePolicy:
         choice = self._steer(choice, mask, observation, values)
         now = np.asarray(values, dtype=np.int64)
         wanted = now + self.safety.moves(choice, observation)
-        # a shuffle buffer does not go below the user's size unless memory forces it (next lines)
-        floored = self._is_shuffle & (wanted < self._floor) & (wanted < now)
+        # a shuffle buffer does not go below the user's size while memory is comfortable; when the
+        # buffers full would take memory near the limit, the network may shrink it too (the projection
+        # misses what starts later: live, a process worker's first chunk), and the trim below may cut it
+        floored = self._is_shuffle & (wanted < self._floor) & (wanted < now) & self._memory_comfortable(observation, values)
         wanted = np.where(floored, np.maximum(now, np.minimum(self._floor, now)), wanted)
         choice[floored] = self.safety.zero
         # buffers that cannot fit when full are cut now, whatever the network chose (recorded as -5)
@@ -174,6 +178,12 @@ class IntunePolicy:
         held = choice.copy()
         held[self._is_cpu] = self.safety.zero
         return held
+
+    def _memory_comfortable(self, obs: Observation, values: list[int]) -> bool:
+        """Every buffer full would still leave a quarter of the margin free (or there is no limit)."""
+        if obs.memory_limit_bytes <= 0:
+            return True
+        return self.safety.worst_case_memory(obs, values) <= 0.75 * self.config.memory_margin * obs.memory_limit_bytes
 
     def _steer(self, choice: np.ndarray, mask: np.ndarray, obs: Observation, values: list[int]) -> np.ndarray:
         """When the network holds the workers: step back towards a remembered vector clearly better than

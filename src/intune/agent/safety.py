@@ -31,11 +31,17 @@ PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a
 
 
 class SafetyLayer:
-    def __init__(self, knobs: Sequence[Knob], deltas: Sequence[int], margin: float = 0.8) -> None:
+    def __init__(
+        self, knobs: Sequence[Knob], deltas: Sequence[int], margin: float = 0.8, trim_margin: float | None = None
+    ) -> None:
         self.knobs = list(knobs)
         self.deltas = np.asarray(deltas, dtype=np.int64)
         self.zero = int(np.flatnonzero(self.deltas == 0)[0])
         self.margin = margin
+        # what ``trim`` fits the buffers under: lower than ``margin``, because the projection (what is
+        # used outside the buffers now + each buffer full) misses memory that only comes once data
+        # flows (live: about 20% of a 1 GB limit beyond the projection when the tuned job was killed)
+        self.trim_margin = margin if trim_margin is None else min(margin, trim_margin)
         self._is_cpu = np.array([k.unit == "cpu" for k in self.knobs])
         self._stages = [k.stage for k in self.knobs]
         self._lo = np.array([k.min for k in self.knobs])[:, None]
@@ -106,7 +112,7 @@ class SafetyLayer:
         """Knob values with every buffer cut, if need be, so that memory fits under the margin.
 
         Projected use = memory outside the buffers now + each buffer full to its knob's size (or what
-        it holds, if more). When that, or the memory used now, is past ``margin`` of the limit, the
+        it holds, if more). When that, or the memory used now, is past ``trim_margin`` of the limit, the
         buffer knobs lose the excess between them in proportion to what each has above its minimum
         (so the largest loses the most MB), never below a knob's minimum. CPU knobs and buffers that
         fit are returned unchanged; no value ever grows.
@@ -121,7 +127,7 @@ class SafetyLayer:
         held = np.array([buffered.get(self._stages[k], 0.0) for k in mb])
         outside = obs.memory_used_bytes - held.sum()
         projected = outside + np.maximum(out[mb] * float(MB), held).sum()
-        excess = max(obs.memory_used_bytes, projected) - self.margin * obs.memory_limit_bytes
+        excess = max(obs.memory_used_bytes, projected) - self.trim_margin * obs.memory_limit_bytes
         if excess <= 0:
             return out
         lo = self._lo[mb, 0]

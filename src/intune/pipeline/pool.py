@@ -184,6 +184,9 @@ class ProcessPoolRun(PoolRun):
         reserved = ended = False
         clock = time.perf_counter
         try:
+            if index < self._target():
+                worker = self._worker_for(index)
+                worker.ensure_started()
             while not self._stop.is_set():
                 retired = index >= self._target()
                 if not pending and (retired or ended):

@@ -170,6 +170,12 @@ class ProcessWorker:
         self._poller.register(self._conn.fileno(), select.POLLIN)
         self._conn.send((self._fn_blob, self._prefix(), list(sys.path)))
 
+    def ensure_started(self) -> None:
+        """Start the child now if it has none (a pool starts its children with the epoch, so that their
+        memory shows before data flows and the first chunk does not wait for an interpreter)."""
+        if self._proc is None:
+            self.start()
+
     def submit(self, chunk: dict) -> None:
         """Send ``chunk`` to the child (at most ``SLOTS`` uncollected). A dead child shows in ``collect``."""
         if len(self._pending) >= SLOTS:
