@@ -45,11 +45,12 @@ def test_plan_lists_every_system_and_skips_what_is_missing() -> None:
     assert [(s, p) for s, p, _ in only] == [("pytorch-dataloader", None), ("intune-engine", "none")]
 
 
-def test_one_system_measured_in_its_own_process(tmp_path) -> None:
-    files = data.generate(40_000, tmp_path, seed=0, row_group_rows=8_192)
+def _engine_spec(tmp_path, rows: int, policy: str, **overrides) -> dict:
+    """A small ``intune-engine`` run of the standard UDF over freshly generated data."""
+    files = data.generate(rows, tmp_path, seed=0, row_group_rows=8_192)
     spec = {
         "system": "intune-engine",
-        "policy": "none",
+        "policy": policy,
         "files": [str(f) for f in files],
         "udf": "standard",
         "table_size": 1000,
@@ -60,6 +61,11 @@ def test_one_system_measured_in_its_own_process(tmp_path) -> None:
         "warmup_s": 0.0,
         "measure_rows": 16_384,
     }
+    return {**spec, **overrides}
+
+
+def test_one_system_measured_in_its_own_process(tmp_path) -> None:
+    spec = _engine_spec(tmp_path, 40_000, "none")
     out = real.run_child(spec, timeout_s=120)
     assert "error" not in out, out
     assert out["rows"] == 16_384 and out["rows_per_s"] > 0 and out["cpu_s"] > 0
@@ -68,25 +74,14 @@ def test_one_system_measured_in_its_own_process(tmp_path) -> None:
 
 
 def test_a_tuned_run_keeps_its_history(tmp_path) -> None:
-    files = data.generate(20_000, tmp_path, seed=0, row_group_rows=8_192)
-    spec = {
-        "system": "intune-engine",
-        "policy": "heuristic",
-        "files": [str(f) for f in files],
-        "udf": "standard",
-        "table_size": 1000,
-        "batch_rows": 2048,
-        "cpus": 2.0,
-        "model_latency_ms": 0.0,
-        "warmup_rows": 2048,
-        "warmup_s": 1.5,
-        "measure_rows": 8192,
-        "tick_s": 0.25,
-        "history": str(tmp_path / "hist" / "heuristic.jsonl"),
-    }
+    history = tmp_path / "hist" / "heuristic.jsonl"
+    spec = _engine_spec(
+        tmp_path, 20_000, "heuristic", model_latency_ms=0.0, warmup_rows=2048, warmup_s=1.5,
+        measure_rows=8192, tick_s=0.25, history=str(history),
+    )
     out = real.run_child(spec, timeout_s=120)
     assert "error" not in out, out
-    ticks = (tmp_path / "hist" / "heuristic.jsonl").read_text().splitlines()
+    ticks = history.read_text().splitlines()
     assert len(ticks) >= 2
     assert abs(len(out["config"]["knob_trace"]["udf.workers"]) - len(ticks)) <= 1  # the tuner still ticks
 
