@@ -164,8 +164,14 @@ class ProcessWorker:
             )
         finally:
             child.close()
-        self._proc = proc
-        self._conn = Connection(parent.detach())
+        with self._life:
+            if self._closed:  # closed while the child started (a pool thread racing with close): end it
+                parent.close()
+                proc.kill()
+                proc.wait()
+                raise Stopped
+            self._proc = proc
+            self._conn = Connection(parent.detach())
         self._poller = select.poll()
         self._poller.register(self._conn.fileno(), select.POLLIN)
         self._conn.send((self._fn_blob, self._prefix(), list(sys.path)))
