@@ -127,10 +127,6 @@ class AgentConfig:
     """A settled reading this far (relative) from the current vector's average means the workload
     changed, and the guard forgets every vector (0: only ``memory_ticks`` expiry forgets)."""
 
-    memory_strict: int = 0
-    """1: the guard also holds moves back to a vector with a settled reading that is not clearly better
-    than the current one (no wandering among measured allocations); 0: only clearly worse ones."""
-
     dwell_ticks: int = 1
     """Ticks the CPU knobs hold after a move (so the new vector's throughput is measured settled)."""
 

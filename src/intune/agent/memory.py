@@ -42,14 +42,13 @@ class AllocationMemory:
     """
 
     def __init__(
-        self, ticks: int = 30, tolerance: float = 0.05, smoothing: float = 0.5, strict: bool = False, drift: float = 0.0
+        self, ticks: int = 30, tolerance: float = 0.05, smoothing: float = 0.5, drift: float = 0.0
     ) -> None:
         if ticks < 0 or not 0.0 <= tolerance < 1.0 or not 0.0 < smoothing <= 1.0:
             raise ValueError(f"AllocationMemory: bad ticks={ticks} tolerance={tolerance} smoothing={smoothing}")
         self.ticks = ticks
         self.tolerance = tolerance
         self.smoothing = smoothing
-        self.strict = strict
         self.drift = drift
         self.tick = 0
         self._cpus: float | None = None
@@ -105,19 +104,12 @@ class AllocationMemory:
         return r
 
     def is_worse(self, candidate: Workers, current: Workers) -> bool:
-        """Whether ``candidate`` was recently measured clearly below ``current`` (False if either is unknown).
-
-        With ``strict``, a settled reading of ``candidate`` must be clearly *above* the current one for a
-        move back to it: the network may not wander among allocations it has already measured (it
-        would jitter between near-equal ones); unknown or only-transitional vectors stay open.
-        """
+        """Whether ``candidate`` was recently measured clearly below ``current`` (False if either is unknown)."""
         if candidate == current:
             return False
         new, now = self.recall(candidate), self.recall(current)
         if new is None or now is None:
             return False
-        if self.strict and new.settled:
-            return not new.value * (1.0 - self.tolerance) > now.value
         tolerance = self.tolerance if new.settled and now.settled else min(2.0 * self.tolerance, 0.5)
         return new.value < (1.0 - tolerance) * now.value
 

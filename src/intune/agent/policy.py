@@ -105,7 +105,6 @@ class IntunePolicy:
         self.memory = AllocationMemory(
             self.config.memory_ticks,
             self.config.memory_tolerance,
-            strict=bool(self.config.memory_strict),
             drift=self.config.memory_drift,
         )
         self._is_shuffle = np.array(
@@ -144,7 +143,7 @@ class IntunePolicy:
         # buffers full would take memory near the limit, the network may shrink it too (the projection
         # misses what starts later: live, a process worker's first chunk), and the trim below may cut it
         floored = self._is_shuffle & (wanted < self._floor) & (wanted < now) & self._memory_comfortable(observation, values)
-        wanted = np.where(floored, np.maximum(now, np.minimum(self._floor, now)), wanted)
+        wanted = np.where(floored, now, wanted)
         choice[floored] = self.safety.zero
         # buffers that cannot fit when full are cut now, whatever the network chose (recorded as -5)
         trimmed = self.safety.trim(observation, values)  # never above the current values
@@ -167,7 +166,7 @@ class IntunePolicy:
         moves = self.safety.moves(choice, obs)
         if not self.memory.enabled or not moves[self._is_cpu].any():
             return choice
-        if 0 < self._held_ticks + 1 <= self.config.dwell_ticks and self._moved_once:
+        if self._moved_once and self._held_ticks < self.config.dwell_ticks:
             held = choice.copy()  # stay until the new vector has a settled reading
             held[self._is_cpu] = self.safety.zero
             return held
