@@ -166,16 +166,14 @@ class IntunePolicy:
         moves = self.safety.moves(choice, obs)
         if not self.memory.enabled or not moves[self._is_cpu].any():
             return choice
+        held = choice.copy()
+        held[self._is_cpu] = self.safety.zero
         if self._moved_once and self._held_ticks < self.config.dwell_ticks:
-            held = choice.copy()  # stay until the new vector has a settled reading
-            held[self._is_cpu] = self.safety.zero
-            return held
+            return held  # stay until the new vector has a settled reading
         now = np.asarray(values, dtype=np.int64)[self._is_cpu]
         if not self.memory.is_worse(tuple((now + moves[self._is_cpu]).tolist()), tuple(now.tolist())):
             return choice
         self.guard_holds += 1
-        held = choice.copy()
-        held[self._is_cpu] = self.safety.zero
         return held
 
     def _memory_comfortable(self, obs: Observation, values: list[int]) -> bool:

@@ -189,8 +189,7 @@ class ProcessWorker:
         self._task += 1
         task = _Task(self._task, chunk)
         self._pending.append(task)
-        if self._proc is None:
-            self.start()
+        self.ensure_started()
         self._send(task)
 
     def _send(self, task: _Task) -> None:
