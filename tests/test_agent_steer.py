@@ -81,6 +81,43 @@ def test_a_probe_that_measures_worse_is_stepped_back_and_not_tried_again():
     assert policy.probes == 1  # the probed vector stays remembered (30 ticks): no second try
 
 
+def _saturated(store, tick, throughput):
+    """2 CPUs, nothing free: 2 light readers (0.05 CPU each) and 2 busy CPU-bound UDF workers."""
+    stages = (
+        StageObservation("read", store["read.workers"], 0, 10.0, 2560.0, 0.01, 0.2, MB, 1.0, 0.0, 0.0, 0.5, 0.0),
+        StageObservation("udf", store["udf.workers"], 0, 10.0, 2560.0, 0.19, 0.2, MB, 0.9, 0.1, 0.0, 0.5, 0.0),
+        StageObservation("shuffle", 0, store["shuffle.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, MB, 0.1, 0.9, 0.0, 0.5, 0.0),
+        StageObservation("prefetch", 0, store["prefetch.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, MB, 0.0, 1.0, 0.0, 0.5, 0.0),
+    )
+    slack = round(sum(max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s) for s in stages if s.workers))
+    return Observation(tick, 1.0, throughput, 0.0, 2.0, 300 * MB, 8192 * MB, stages, cpu_slack=slack, grants_light_workers=True)
+
+
+def _run_saturated(rate, ticks):
+    knobs, store = _knobs()
+    policy = IntunePolicy(network=Fixed(), online=False)
+    policy.reset(knobs, _saturated(store, 0, rate(store)))
+    seen = []
+    for tick in range(1, ticks + 1):
+        store.update(policy.step(_saturated(store, tick, rate(store))))
+        seen.append((store["read.workers"], store["udf.workers"]))
+    return seen, policy
+
+
+def test_on_a_saturated_machine_a_light_stage_is_probed_past_the_cpus_and_kept_when_better():
+    seen, policy = _run_saturated(lambda s: 10_000.0 * min(s["read.workers"], 3), ticks=20)
+    assert seen[0] == (1, 1)  # the even split of 2 CPUs; no CPU is free after it (free_cpus 0)
+    assert (2, 1) in seen and (3, 1) in seen  # one reader more each probe, with no worker taken from udf
+    assert seen[-1][0] >= 3 and all(u >= 1 for _, u in seen)
+
+
+def test_a_probe_that_does_not_pay_is_undone():
+    # more readers change nothing: each probe is undone, and the vector is not tried again
+    seen, policy = _run_saturated(lambda s: 10_000.0, ticks=40)
+    assert (2, 1) in seen and seen[-1] == (1, 1)
+    assert seen.count((2, 1)) <= 3 and policy.reverts >= 1
+
+
 def test_dwell_spaces_the_network_moves():
     knobs, store = _knobs()
     policy = IntunePolicy(network=Fixed(cpu_action=UP1), config=AgentConfig(probe_after=0), online=False)

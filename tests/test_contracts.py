@@ -52,6 +52,35 @@ def test_clamp_respects_bounds_cpus_and_memory():
         clamp_request(knobs, {"nope.workers": 1}, cpus=4, memory_free_bytes=0)
 
 
+def test_clamp_grants_a_light_knob_one_worker_past_the_cpus():
+    knobs, _ = _knobs(**{"read.workers": ("cpu", 1, 16, 2), "udf.workers": ("cpu", 1, 16, 2)})
+    light = ["read.workers"]
+    # 4 CPUs, all held: a light knob gets one worker past them, however many it asks for
+    r = clamp_request(knobs, {"read.workers": 5}, cpus=4, memory_free_bytes=0, light=light)
+    assert r.applied == {"read.workers": 3}
+    # a knob that is not light gets nothing past the CPUs, and the extra worker is one in all
+    assert clamp_request(knobs, {"udf.workers": 3}, cpus=4, memory_free_bytes=0, light=light).applied == {}
+    both = ["read.workers", "udf.workers"]
+    r = clamp_request(knobs, {"udf.workers": 4, "read.workers": 4}, cpus=5, memory_free_bytes=0, light=both)
+    assert r.applied == {"read.workers": 4}  # one within the CPUs, one past them; none left for udf
+    # already past the CPUs (they shrank): nothing more, light or not
+    assert clamp_request(knobs, {"read.workers": 3}, cpus=3, memory_free_bytes=0, light=light).applied == {}
+
+
+def test_light_stages_only_where_the_runner_grants_them():
+    from intune.observation import StageObservation
+
+    def stage(name, workers, cpu_s_per_item):
+        return StageObservation(name, workers, 0, 10.0, 1000.0, cpu_s_per_item, 0.1, 1.0, 1.0, 0.0, 0.0, 0.5, 0.0)
+
+    # read: 4 workers use 10 x 0.04 = 0.4 CPU (0.1 each); udf: 2 use 10 x 0.15 = 1.5 (0.75 each)
+    stages = (stage("read", 4, 0.04), stage("udf", 2, 0.15), stage("batch", 0, 0.001))
+    live = Observation(1, 1.0, 1e4, 0.0, 2.0, 0.0, 0.0, stages, grants_light_workers=True)
+    assert live.light_stages() == ("read",)
+    assert live.stages[0].cpu_per_worker == pytest.approx(0.1) and live.stages[2].cpu_per_worker is None
+    assert Observation(1, 1.0, 1e4, 0.0, 2.0, 0.0, 0.0, stages).light_stages() == ()  # the simulator's runner
+
+
 def test_even_split_hands_out_remainder_first():
     knobs, _ = _knobs(**{f"s{i}.workers": ("cpu", 1, 64, 1) for i in range(3)}, **{"p.buffer_mb": ("mb", 1, 64, 4)})
     assert even_split(knobs, 8) == {"s0.workers": 3, "s1.workers": 3, "s2.workers": 2}

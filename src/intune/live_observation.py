@@ -133,6 +133,7 @@ def observe(
         stages=stages,
         host_memory_free_bytes=float(host_free),
         cpu_slack=cpu_slack(stages),
+        grants_light_workers=True,  # the live tuner's clamp grants a light stage one worker past the CPUs
     )
 
 

@@ -14,6 +14,10 @@ OOM_PENALTY = -10.0
 MEMORY_SAFE_FRACTION = 0.85
 """Memory use (fraction of the limit) where the reward's memory factor starts to fall."""
 
+LIGHT_WORKER_CPU = 0.25
+"""A stage whose workers each use at most this share of a CPU (measured over the tick) is light: its
+workers mostly wait (on storage, on a slower stage), so one more costs little CPU."""
+
 
 @dataclass(frozen=True)
 class StageObservation:
@@ -32,6 +36,13 @@ class StageObservation:
     blocked: float  # fraction of worker time waiting for room downstream
     queue_fill: float  # output queue fullness in [0, 1]
     buffered_bytes: float  # bytes held by this stage
+
+    @property
+    def cpu_per_worker(self) -> float | None:
+        """CPUs each worker used over the tick (None without workers or emitted items: no evidence)."""
+        if self.workers <= 0 or self.items_per_s <= 0:
+            return None
+        return self.cpu_s_per_item * self.items_per_s / self.workers
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class Observation:
     demand: float = 0.0  # rows/s the consumer could take (0 = unknown/unbounded)
     host_memory_free_bytes: float = 0.0  # free memory of the host, blind to cgroups (what tf.data reads)
     cpu_slack: float = 0.0  # workers' worth of CPU that light stages leave unused (measured live; 0 in the sim)
+    grants_light_workers: bool = False  # the runner adds a light stage's worker past the CPUs (live: yes; sim: no)
 
     @property
     def allocated_cpus(self) -> int:
@@ -62,6 +74,19 @@ class Observation:
         """CPUs not yet given to workers. A worker that mostly waits (an I/O-bound or blocked reader)
         does not hold a whole CPU: ``cpu_slack`` gives back what such workers measurably leave unused."""
         return self.cpus + self.cpu_slack - self.allocated_cpus
+
+    def light_stages(self) -> tuple[str, ...]:
+        """Stages whose workers each used at most ``LIGHT_WORKER_CPU`` of a CPU over the tick, if the
+        runner grants such a stage one worker past the CPUs (``grants_light_workers``; else none).
+
+        On a saturated machine the measured free CPUs are 0 even where a stage waits on storage and
+        wants more workers (live: 7 workers on 2 CPUs was the best allocation); such a worker takes
+        a few percent of a CPU from the others, and only a measurement tells whether that pays."""
+        if not self.grants_light_workers:
+            return ()
+        return tuple(
+            s.name for s in self.stages if (u := s.cpu_per_worker) is not None and u <= LIGHT_WORKER_CPU
+        )
 
     @property
     def memory_fraction(self) -> float:

@@ -269,7 +269,11 @@ class Tuner:
             t0, c0 = time.perf_counter(), time.thread_time()
             requested = {k: int(v) for k, v in (self.policy.step(obs) or {}).items()}
             clamped = clamp_request(
-                self.knobs, requested, machine.cpus + obs.cpu_slack, machine.memory_free_bytes
+                self.knobs,
+                requested,
+                machine.cpus + obs.cpu_slack,
+                machine.memory_free_bytes,
+                light=[f"{stage}.workers" for stage in obs.light_stages()],
             )
             decision_ms = (time.perf_counter() - t0) * 1e3
             decision_cpu_ms = (time.thread_time() - c0) * 1e3
@@ -303,6 +307,7 @@ class Tuner:
             "host_free": obs.host_memory_free_bytes,
             "cpus": obs.cpus,
             "cpu_slack": obs.cpu_slack,
+            "light_stages": list(obs.light_stages()),
             "reward": r,
             "requested": requested,
             "applied": applied,

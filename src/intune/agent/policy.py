@@ -22,7 +22,7 @@ import torch
 from intune.agent.config import AgentConfig
 from intune.agent.dqn import new_network, td_loss
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
-from intune.agent.memory import AllocationMemory
+from intune.agent.memory import AllocationMemory, Workers
 from intune.agent.network import BranchingQNetwork
 from intune.agent.replay import ReplayBuffer
 from intune.agent.safety import SafetyLayer
@@ -115,7 +115,8 @@ class IntunePolicy:
         self._held_ticks = 0  # ticks the workers have not moved
         self._moved_once = False
         self.probes = 0  # ticks the policy tried a worker the network did not ask for
-        self.reverts = 0  # ticks it stepped back towards a remembered better vector
+        self.reverts = 0  # ticks it stepped back towards a remembered better vector (or undid a probe)
+        self._probe: tuple[Workers, Workers] | None = None  # a light stage's probe: (before, probed) until judged
         self._start = self._start_allocation(observation)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._pending_reward: float | None = None
@@ -183,14 +184,16 @@ class IntunePolicy:
         return self.safety.worst_case_memory(obs, values) <= 0.75 * self.config.memory_margin * obs.memory_limit_bytes
 
     def _steer(self, choice: np.ndarray, mask: np.ndarray, obs: Observation, values: list[int]) -> np.ndarray:
-        """When the network holds the workers: step back towards a remembered vector clearly better than
-        the current one, or, after ``probe_after`` ticks of holding, try one worker more on the
-        bottleneck (the busiest stage), taken from the free CPUs or from the least busy stage. Each
-        CPU move is one that the safety mask allows on its own, and at most one worker is added, only
-        when a CPU is free or one is removed in the same tick, so the safety limits still hold."""
+        """When the network holds the workers: undo a probe that did not pay, step back towards a
+        remembered vector clearly better than the current one, or, after ``probe_after`` ticks of
+        holding, probe one worker more on a busy stage (``_probes``). Each CPU move is one that the
+        safety mask allows on its own, and at most one worker is added, only when a CPU is free, one is
+        removed in the same tick, or it goes to a light stage (which the runner grants past the CPUs),
+        so the safety limits still hold."""
         if not self.memory.enabled or self.config.probe_after <= 0 or not self._is_cpu.any():
             return choice
         if self.safety.moves(choice, obs)[self._is_cpu].any():
+            self._probe = None
             return choice  # the network (or the guard) moves the workers: leave it
         cpu = np.flatnonzero(self._is_cpu)
         now = np.asarray(values, dtype=np.int64)
@@ -198,51 +201,86 @@ class IntunePolicy:
         up = int(np.flatnonzero(self.safety.deltas == 1)[0])
         down = int(np.flatnonzero(self.safety.deltas == -1)[0])
         free = int(np.floor(obs.free_cpus + 1e-9))
+        light = set(obs.light_stages())
 
         def try_moves(moves: dict[int, int]) -> np.ndarray | None:
-            """Apply +-1 moves (knob index -> +1/-1) if each is allowed and the CPUs allow them together."""
-            if not moves or sum(moves.values()) > max(free, 0):
+            """Apply +-1 moves (knob index -> +1/-1) if each is allowed and the CPUs allow them together
+            (a lone +1 on a light stage needs no free CPU: the runner grants it)."""
+            lone_light = len(moves) == 1 and list(moves.values()) == [1] and self.safety.knobs[next(iter(moves))].stage in light
+            if not moves or (sum(moves.values()) > max(free, 0) and not lone_light):
                 return None
             out = choice.copy()
             for k, d in moves.items():
-                a = up if d > 0 else down
-                if not mask[k, a]:
+                allowed = mask[k, up if d > 0 else down] or (lone_light and self.safety.memory_allows_worker(obs, values, k))
+                if not allowed:
                     return None
-                out[k] = a
+                out[k] = up if d > 0 else down
             return out
 
-        best = self.memory.best()
-        if best is not None and self.memory.is_better(best[0], current):
-            target = np.asarray(best[0], dtype=np.int64)
-            diff = target - now[cpu]
+        def step_towards(target: Workers) -> np.ndarray | None:
+            """One worker back where ``target`` has more (paid by the free CPUs or the workers given
+            back), else only give back."""
+            diff = np.asarray(target, dtype=np.int64) - now[cpu]
             falling = {int(cpu[i]): -1 for i in np.flatnonzero(diff < 0)}
             rising = [int(cpu[i]) for i in np.flatnonzero(diff > 0)]
-            # one worker back where it was better (paid by the free CPUs or the workers given back),
-            # else only give back
             for moves in ([{**falling, rising[0]: 1}] if rising else []) + [falling]:
                 out = try_moves(moves)
                 if out is not None:
-                    self.reverts += 1
                     return out
+            return None
+
+        if self._probe is not None:
+            origin, probed = self._probe
+            reading = self.memory.recall(probed)
+            if current != probed:
+                self._probe = None
+            elif reading is not None and reading.settled:
+                # a light stage's worker stays only if clearly better: light workers leave their CPU
+                # unused, so the free CPUs never run out and each probe would add one more
+                self._probe = None
+                if not self.memory.is_better(probed, origin):
+                    out = step_towards(origin)
+                    if out is not None:
+                        self.reverts += 1
+                        return out
+        best = self.memory.best()
+        if best is not None and self.memory.is_better(best[0], current):
+            out = step_towards(best[0])
+            if out is not None:
+                self.reverts += 1
+                return out
         if self._held_ticks < self.config.probe_after:
             return choice
-        busy = {s.name: s.busy for s in obs.stages}
-        starved = {s.name: s.starved for s in obs.stages}
-        order = sorted(cpu, key=lambda k: (-busy.get(self.safety.knobs[k].stage, 0.0), starved.get(self.safety.knobs[k].stage, 0.0)))
-        neck = int(order[0])
-        donors = [int(k) for k in reversed(order) if k != neck and now[k] > self.safety.knobs[k].min]
-        for moves in ([{neck: 1}] if free >= 1 else []) + [{neck: 1, d: -1} for d in donors[:1]]:
+        for moves in self._probes(cpu, now, free, light, obs):
             candidate = now.copy()
             for k, d in moves.items():
                 candidate[k] += d
-            if self.memory.recall(tuple(candidate[cpu].tolist())) is not None:
+            probed = tuple(candidate[cpu].tolist())
+            if self.memory.recall(probed) is not None:
                 continue  # measured recently: the guard and the step back already use what it showed
             out = try_moves(moves)
             if out is not None:
                 self.probes += 1
                 self._held_ticks = 0
+                to_light = any(d > 0 and self.safety.knobs[k].stage in light for k, d in moves.items())
+                self._probe = (current, probed) if to_light else None
                 return out
         return choice
+
+    def _probes(self, cpu: np.ndarray, now: np.ndarray, free: int, light: set[str], obs: Observation) -> list[dict[int, int]]:
+        """Probe moves, most promising first: one worker more on the busiest stage (from a free CPU, or
+        past the CPUs if the stage is light), one moved there from the least busy stage, then one more
+        on any other busy light stage (a reader waiting on storage can be the co-bottleneck)."""
+        busy = {s.name: s.busy for s in obs.stages}
+        starved = {s.name: s.starved for s in obs.stages}
+        order = [int(k) for k in sorted(cpu, key=lambda k: (-busy.get(self.safety.knobs[k].stage, 0.0), starved.get(self.safety.knobs[k].stage, 0.0)))]
+        neck = order[0]
+        donors = [k for k in reversed(order) if k != neck and now[k] > self.safety.knobs[k].min]
+        out: list[dict[int, int]] = [{neck: 1}] if free >= 1 or self.safety.knobs[neck].stage in light else []
+        out += [{neck: 1, d: -1} for d in donors[:1]]
+        stage_of = {k: self.safety.knobs[k].stage for k in order[1:]}
+        out += [{k: 1} for k, stage in stage_of.items() if stage in light and busy.get(stage, 0.0) >= 0.5]
+        return out
 
     # -- online fine-tuning ------------------------------------------------------------------------
     def observe(self, observation: Observation, reward: float) -> None:

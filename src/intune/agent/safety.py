@@ -185,14 +185,26 @@ class SafetyLayer:
         cpu_ok = ~self._is_cpu[:, None] | (step <= max(free_cpus, 0) + (movable.sum() - movable)[:, None])
         allowed &= ~up | (cpu_ok & (cost <= budget))
 
-        danger = obs.oom or (obs.memory_limit_bytes > 0 and obs.memory_used_bytes > self.margin * obs.memory_limit_bytes)
-        if danger or budget < 0:  # past the margin: only shrinking buffers (or holding) is allowed
+        if self._past_margin(obs, budget):  # only shrinking buffers (or holding) is allowed
             allowed &= ~up
             down = self.deltas < 0
             for k in np.flatnonzero(~self._is_cpu):
                 if allowed[k, down].any():
                     allowed[k, ~down] = False
         return allowed
+
+    def _past_margin(self, obs: Observation, budget: float) -> bool:
+        """An OOM, memory used past the margin, or buffers that would take it there when full."""
+        used = obs.memory_limit_bytes > 0 and obs.memory_used_bytes > self.margin * obs.memory_limit_bytes
+        return obs.oom or used or budget < 0
+
+    def memory_allows_worker(self, obs: Observation, values: Sequence[int], k: int) -> bool:
+        """Whether CPU knob ``k`` may gain one worker as far as its bound and the memory go, leaving the
+        CPUs aside: for a light stage's worker, which the runner grants past the CPUs."""
+        if not self._is_cpu[k] or values[k] + 1 > self.knobs[k].max:
+            return False
+        budget = self.memory_budget(obs, values)
+        return not self._past_margin(obs, budget) and min(self.worker_memory_bytes(obs), PROBE_WORKER_BYTES) <= budget
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:

@@ -7,7 +7,7 @@ action set and ``clamp_request``; it must not hold any policy's algorithm.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -55,12 +55,15 @@ def clamp_request(
     requested: Mapping[str, int],
     cpus: float,
     memory_free_bytes: float,
+    light: Collection[str] = (),
 ) -> ClampResult:
     """Clamp a policy's request to knob bounds, to the CPUs and to the free memory.
 
     - every value is clamped to its knob's ``[min, max]``; unknown knob names raise ``ValueError``;
     - the sum of ``cpu`` knobs may not exceed ``max(cpus, sum of minimums)``: increases are granted in
-      the order requested until the CPUs run out (decreases always pass);
+      the order requested until the CPUs run out (decreases always pass); past that, one worker in all
+      may go to a knob in ``light`` (a stage whose workers mostly wait: ``Observation.light_stages``),
+      so that a policy can measure whether one more reader pays on a saturated machine;
     - ``mb`` knobs may grow only by what ``memory_free_bytes`` allows.
     """
     unknown = [k for k in requested if k not in knobs]
@@ -73,9 +76,12 @@ def clamp_request(
     cpu_cap = max(int(cpus), sum(knobs[n].min for n in cpu_names))
     # decreases first, then increases while the budget lasts
     total = sum(min(target.get(n, current[n]), current[n]) for n in cpu_names)
+    extra = 1  # the one worker past the cap a light knob may get
     for name in cpu_names:
         if name in target and target[name] > current[name]:
             grant = min(target[name] - current[name], max(0, cpu_cap - total))
+            if extra and name in light and grant < target[name] - current[name] and total + grant <= cpu_cap:
+                grant, extra = grant + 1, 0
             target[name] = current[name] + grant
             total += grant
 
