@@ -67,18 +67,22 @@ def test_clamp_grants_a_light_knob_one_worker_past_the_cpus():
     assert clamp_request(knobs, {"read.workers": 3}, cpus=3, memory_free_bytes=0, light=light).applied == {}
 
 
-def test_light_stages_only_where_the_runner_grants_them():
+def test_light_stages_are_those_waiting_on_something_else_than_the_cpus():
     from intune.observation import StageObservation
 
-    def stage(name, workers, cpu_s_per_item):
-        return StageObservation(name, workers, 0, 10.0, 1000.0, cpu_s_per_item, 0.1, 1.0, 1.0, 0.0, 0.0, 0.5, 0.0)
+    def stage(name, workers, cpu_s, wall_s):
+        return StageObservation(name, workers, 0, 10.0, 1000.0, cpu_s, wall_s, 1.0, 1.0, 0.0, 0.0, 0.5, 0.0)
 
-    # read: 4 workers use 10 x 0.04 = 0.4 CPU (0.1 each); udf: 2 use 10 x 0.15 = 1.5 (0.75 each)
-    stages = (stage("read", 4, 0.04), stage("udf", 2, 0.15), stage("batch", 0, 0.001))
-    live = Observation(1, 1.0, 1e4, 0.0, 2.0, 0.0, 0.0, stages, grants_light_workers=True)
-    assert live.light_stages() == ("read",)
-    assert live.stages[0].cpu_per_worker == pytest.approx(0.1) and live.stages[2].cpu_per_worker is None
-    assert Observation(1, 1.0, 1e4, 0.0, 2.0, 0.0, 0.0, stages).light_stages() == ()  # the simulator's runner
+    def light(*stages, grants=True):
+        return Observation(1, 1.0, 1e4, 0.0, 2.0, 0.0, 0.0, stages, grants_light_workers=grants).light_stages()
+
+    # the reader spends 4 ms of CPU per 40 ms read (share 0.1); the UDF 90 of 100 (0.9): 0.1 <= 0.25 x 0.9
+    reader, udf, idle = stage("read", 4, 0.004, 0.04), stage("udf", 2, 0.09, 0.1), stage("batch", 1, 0.0, 0.0)
+    assert light(reader, udf, idle) == ("read",)
+    assert idle.cpu_share is None and reader.cpu_share == pytest.approx(0.1)
+    # on one CPU shared by many workers every share falls alike: the UDF (0.18) is not light, the reader is
+    assert light(stage("read", 4, 0.004, 0.2), stage("udf", 4, 0.09, 0.5)) == ("read",)
+    assert light(reader, udf, grants=False) == ()  # the simulator's runner grants nothing past the CPUs
 
 
 def test_even_split_hands_out_remainder_first():

@@ -14,9 +14,11 @@ OOM_PENALTY = -10.0
 MEMORY_SAFE_FRACTION = 0.85
 """Memory use (fraction of the limit) where the reward's memory factor starts to fall."""
 
-LIGHT_WORKER_CPU = 0.25
-"""A stage whose workers each use at most this share of a CPU (measured over the tick) is light: its
-workers mostly wait (on storage, on a slower stage), so one more costs little CPU."""
+LIGHT_CPU_SHARE = 0.25
+"""A stage whose workers, while busy, get at most this share of the CPU time that the most CPU-hungry
+stage's workers get is light: its workers wait on something other than the CPUs (storage, a slower
+stage), so one more costs little CPU. Relative, because on oversubscribed CPUs every stage's share
+falls alike."""
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,11 @@ class StageObservation:
     buffered_bytes: float  # bytes held by this stage
 
     @property
-    def cpu_per_worker(self) -> float | None:
-        """CPUs each worker used over the tick (None without workers or emitted items: no evidence)."""
-        if self.workers <= 0 or self.items_per_s <= 0:
+    def cpu_share(self) -> float | None:
+        """CPU seconds per busy wall second of its workers (None without emitted items: no evidence)."""
+        if self.workers <= 0 or self.items_per_s <= 0 or self.wall_s_per_item <= 0:
             return None
-        return self.cpu_s_per_item * self.items_per_s / self.workers
+        return self.cpu_s_per_item / self.wall_s_per_item
 
 
 @dataclass(frozen=True)
@@ -76,17 +78,18 @@ class Observation:
         return self.cpus + self.cpu_slack - self.allocated_cpus
 
     def light_stages(self) -> tuple[str, ...]:
-        """Stages whose workers each used at most ``LIGHT_WORKER_CPU`` of a CPU over the tick, if the
-        runner grants such a stage one worker past the CPUs (``grants_light_workers``; else none).
+        """Stages whose workers' CPU share (``cpu_share``) is at most ``LIGHT_CPU_SHARE`` of the
+        largest one, if the runner grants such a stage one worker past the CPUs
+        (``grants_light_workers``; else none).
 
         On a saturated machine the measured free CPUs are 0 even where a stage waits on storage and
         wants more workers (live: 7 workers on 2 CPUs was the best allocation); such a worker takes
         a few percent of a CPU from the others, and only a measurement tells whether that pays."""
         if not self.grants_light_workers:
             return ()
-        return tuple(
-            s.name for s in self.stages if (u := s.cpu_per_worker) is not None and u <= LIGHT_WORKER_CPU
-        )
+        shares = {s.name: u for s in self.stages if (u := s.cpu_share) is not None}
+        top = max(shares.values(), default=0.0)
+        return tuple(name for name, u in shares.items() if top > 0 and u <= LIGHT_CPU_SHARE * top)
 
     @property
     def memory_fraction(self) -> float:
