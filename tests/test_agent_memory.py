@@ -168,3 +168,12 @@ def test_a_clear_change_at_the_same_workers_forgets_the_other_vectors():
     assert memory.recall((1, 1)) is not None
     memory.observe(2.0, (1, 2), 60.0)  # half the rate at the same workers: the workload changed
     assert memory.recall((1, 1)) is None and memory.recall((1, 2)).value == 60.0
+
+
+def test_the_dip_right_after_a_move_is_not_taken_for_a_changed_workload():
+    memory = AllocationMemory(ticks=100, tolerance=0.05, drift=0.25)
+    for workers, rate in [((1, 2), 120.0), ((1, 2), 120.0), ((1, 2), 120.0), ((1, 1), 75.0), ((1, 1), 75.0)]:
+        memory.observe(2.0, workers, rate)
+    memory.observe(2.0, (1, 2), 40.0)  # back to 2 workers: the new process starts, queues refill
+    memory.observe(2.0, (1, 2), 60.0)  # still half the rate on the second tick: not yet drift
+    assert memory.recall((1, 1)) is not None and memory.is_worse((1, 1), (1, 2))

@@ -457,3 +457,19 @@ def test_closing_the_real_pipeline_stops_the_tuner():
         time.sleep(0.01)
     assert not tuner.running and tuner.failures == {}
     tuner.close()  # closing again is harmless
+
+
+def test_the_cpu_budget_keeps_its_recent_highest_so_a_removed_worker_can_come_back():
+    from intune.observation import Observation
+    from intune.tuner import RecentCpuBudget
+
+    def obs(cpus, slack):
+        return Observation(0, 1.0, 1.0, 0.0, cpus, 0.0, 0.0, (), cpu_slack=slack)
+
+    budget = RecentCpuBudget(ticks=3)
+    assert budget.apply(obs(2.0, 6.0)).cpu_slack == 6.0  # 8 workers on 2 CPUs, all of them busy
+    assert budget.apply(obs(2.0, 4.0)).cpu_slack == 6.0  # one removed: its CPU is no longer measured
+    budget.apply(obs(2.0, 4.0))
+    assert budget.apply(obs(2.0, 4.0)).cpu_slack == 4.0  # after the window: what is measured now
+    assert budget.apply(obs(1.0, 3.0)).cpu_slack == 3.0  # a CPU change starts afresh
+    assert budget.apply(obs(1.0, 2.0)).free_cpus == 1.0 + 3.0  # no workers in this toy observation

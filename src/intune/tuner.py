@@ -14,7 +14,9 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,32 @@ from intune.policies import Policy, clamp_request, make
 
 log = logging.getLogger(__name__)
 
+
+
+CPU_BUDGET_TICKS = 20
+"""Ticks over which the live CPU budget (CPUs + measured slack) keeps its highest value."""
+
+
+class RecentCpuBudget:
+    """Keeps the live CPU budget at its highest over the last ``CPU_BUDGET_TICKS`` ticks at one CPU count.
+
+    On a saturated machine the measured budget equals the workers in place (they use every CPU), so
+    right after a worker is removed the budget falls with it and the worker could never come back, even
+    where it had just been measured better. Granting what was recently granted lets a policy undo a
+    step; a CPU change starts afresh.
+    """
+
+    def __init__(self, ticks: int = CPU_BUDGET_TICKS) -> None:
+        self._cpus: float | None = None
+        self._budgets: deque[float] = deque(maxlen=ticks)
+
+    def apply(self, obs: Observation) -> Observation:
+        """``obs`` with ``cpu_slack`` raised so that CPUs + slack is the recent highest budget."""
+        if obs.cpus != self._cpus:
+            self._cpus = obs.cpus
+            self._budgets.clear()
+        self._budgets.append(obs.cpus + obs.cpu_slack)
+        return replace(obs, cpu_slack=max(self._budgets) - obs.cpus)
 
 class Tuner:
     """A pipeline under a policy. Iterate it for the pipeline's batches; close it (or use ``with``) to stop.
@@ -198,6 +226,7 @@ class Tuner:
     def _loop(self, cpu0: float) -> None:
         prev = None
         tick = 0
+        budget = RecentCpuBudget()
         reset_done = False
         while True:
             if prev is None:
@@ -224,6 +253,7 @@ class Tuner:
                     machine.memory_limit_bytes,
                     machine.host_free_bytes,
                 )
+                obs = budget.apply(obs)
             except Exception as exc:  # noqa: BLE001
                 if self._pipeline_closed():
                     return

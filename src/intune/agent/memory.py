@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 Workers = tuple[int, ...]
+DRIFT_AFTER = 3  # readings in a row of one vector before a change in its rate counts as drift
 
 
 @dataclass
@@ -38,7 +39,9 @@ class AllocationMemory:
       process workers start, queues refill).
     - ``smoothing``: weight of a new reading in the exponential average of readings of the same kind.
     - ``drift``: a settled reading further than this (relative) from the current vector's average means
-      the workload changed: every reading is dropped (0: only expiry forgets).
+      the workload changed: every reading is dropped (0: only expiry forgets). Only once the vector has
+      been in place for ``DRIFT_AFTER`` readings: live, the dip after adding a process worker lasts two or
+      three ticks, and forgetting on it let the network flip a worker back and forth (1 s ticks).
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class AllocationMemory:
         self.tick = 0
         self._cpus: float | None = None
         self._previous: Workers | None = None
+        self._run = 0  # readings in a row of the vector now in place
         self._readings: dict[Workers, Reading] = {}
 
     @property
@@ -80,9 +84,11 @@ class AllocationMemory:
             self._previous = None
             return
         settled = workers == self._previous  # the vector was already in place during the tick before
+        self._run = self._run + 1 if settled else 1
         self._previous = workers
         old = self.recall(workers)
-        if settled and old is not None and old.settled and self.drift > 0 and abs(throughput - old.value) > self.drift * old.value:
+        steady = self._run >= DRIFT_AFTER
+        if steady and old is not None and old.settled and self.drift > 0 and abs(throughput - old.value) > self.drift * old.value:
             # the same workers now run at a clearly different rate: the workload changed, and what the
             # other vectors showed no longer holds
             self._readings.clear()
