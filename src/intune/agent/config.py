@@ -133,7 +133,9 @@ class AgentConfig:
     probe_after: int = 5
     """Ticks the workers must have held (and the network keep holding them) before the policy tries one
     worker more on the bottleneck stage, or moves one there from the least busy stage when no CPU is
-    free; a vector the memory knows is not tried again while remembered (0: never probe). Also, while
+    free, or adds one to a busy light stage (``Observation.light_stages``: granted past the CPUs, and
+    undone unless the rate clearly rises); a vector the memory knows is not tried again while remembered
+    (0: never probe). Also, while
     holding, it steps back towards a remembered vector clearly better than the current one. This is how
     the agent gets out of a live state where the sim-trained network keeps holding below the optimum."""
 
