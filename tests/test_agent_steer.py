@@ -120,7 +120,7 @@ def test_a_probe_that_does_not_pay_is_undone():
 
 def test_dwell_spaces_the_network_moves():
     knobs, store = _knobs()
-    policy = IntunePolicy(network=Fixed(cpu_action=UP1), config=AgentConfig(probe_after=0), online=False)
+    policy = IntunePolicy(network=Fixed(cpu_action=UP1), config=AgentConfig(probe_after=0, fill_free_cpus=0), online=False)
     def obs(tick):
         o = _obs(store, tick, 1000.0 * store["read.workers"])
         # 4 CPUs, but the workers leave 6 CPUs' worth unused (they wait): room to grow
@@ -157,3 +157,45 @@ def test_under_a_tight_limit_the_network_may_shrink_the_shuffle_buffer():
     seen, _ = _run(Fixed(mb_action=DOWN5), lambda s: 10_000.0, ticks=4, config=AgentConfig(probe_after=0),
                    memory_used=600 * MB, limit=1024 * MB)
     assert seen[-1]["shuffle.buffer_mb"] < 64
+
+
+def test_idle_cpus_go_to_the_busiest_stage_unless_remembered_worse():
+    knobs, store = _knobs()
+    store_rate = {"rate": lambda s: 10_000.0 * s["read.workers"]}
+
+    def obs(tick):  # 16 CPUs: after the even split (8 / 8) nothing is free, so free them by hand below
+        o = _obs(store, tick, store_rate["rate"](store))
+        return Observation(o.tick, 1.0, o.throughput, 0.0, 16.0, o.memory_used_bytes, o.memory_limit_bytes, o.stages)
+
+    policy = IntunePolicy(network=Fixed(), config=AgentConfig(probe_after=0), online=False)
+    policy.reset(knobs, obs(0))
+    store.update(policy.step(obs(1)))  # the start: the even split
+    store.update({"read.workers": 2, "udf.workers": 2})  # 12 CPUs idle
+    store.update(policy.step(obs(2)))
+    assert store["read.workers"] == 7 and store["udf.workers"] == 2  # +5 on read, the busiest
+    # a vector measured clearly worse is not filled into: from 2 workers again, one step instead of five
+    for workers, rate in [((7, 2), 5_000.0), ((7, 2), 5_000.0), ((2, 2), 30_000.0), ((2, 2), 30_000.0)]:
+        policy.memory.observe(16.0, workers, rate)
+    store.update({"read.workers": 2})
+    store_rate["rate"] = lambda s: 30_000.0
+    store.update(policy.step(obs(3)))
+    assert store["read.workers"] == 3
+
+
+def test_idle_cpus_stay_idle_when_no_stage_is_busy():
+    knobs, store = _knobs()
+
+    def obs(tick):  # every stage mostly waits: the consumer is the limit, more workers would not help
+        stages = tuple(
+            StageObservation(s.name, s.workers, s.buffer_mb, 10.0, 2560.0, 0.01, 0.02, MB, 0.3, 0.0, 0.7, 1.0, 0.0)
+            for s in _obs(store, tick, 1.0).stages
+        )
+        return Observation(tick, 1.0, 10_000.0, 0.0, 16.0, 300 * MB, 8192 * MB, stages)
+
+    policy = IntunePolicy(network=Fixed(), config=AgentConfig(probe_after=0), online=False)
+    policy.reset(knobs, obs(0))
+    store.update(policy.step(obs(1)))
+    store.update({"read.workers": 2, "udf.workers": 2})
+    for tick in range(2, 6):
+        store.update(policy.step(obs(tick)))
+    assert (store["read.workers"], store["udf.workers"]) == (2, 2)

@@ -139,6 +139,10 @@ class AgentConfig:
     holding, it steps back towards a remembered vector clearly better than the current one. This is how
     the agent gets out of a live state where the sim-trained network keeps holding below the optimum."""
 
+    fill_free_cpus: int = 2
+    """Free CPUs, left after the network's moves, from which the policy gives the busiest stage more
+    workers itself (+5 when 5 are free, else +1), unless the memory knows that to be worse (0: never)."""
+
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with the weights (e.g. the command that produced them)."""
 

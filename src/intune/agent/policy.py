@@ -35,6 +35,7 @@ from intune.policies.static import stage_role
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
 WEIGHTS_FORMAT = 1
+FILL_BUSY = 0.8  # idle CPUs go to the busiest stage only if its workers are busy at least this share of the tick
 
 
 def save_weights(path: str | Path, q: BranchingQNetwork, config: AgentConfig) -> Path:
@@ -138,6 +139,7 @@ class IntunePolicy:
             q_values = self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
         choice = self._guard(self.safety.select(q_values, mask, observation, values), observation, values)
         choice = self._steer(choice, mask, observation, values)
+        choice = self._fill_idle_cpus(choice, mask, observation, values)
         now = np.asarray(values, dtype=np.int64)
         wanted = now + self.safety.moves(choice, observation)
         # a shuffle buffer does not go below the user's size while memory is comfortable; when the
@@ -264,6 +266,39 @@ class IntunePolicy:
                 self._held_ticks = 0
                 to_light = any(d > 0 and self.safety.knobs[k].stage in light for k, d in moves.items())
                 self._probe = (current, probed) if to_light else None
+                return out
+        return choice
+
+    def _fill_idle_cpus(self, choice: np.ndarray, mask: np.ndarray, obs: Observation, values: list[int]) -> np.ndarray:
+        """CPUs left idle after the network's moves (at least ``fill_free_cpus``) go to the busiest stage,
+        +5 workers when 5 are free, else +1, if its workers are busy and not light, unless the network
+        already adds there, a step back to a remembered better vector is due, or the memory knows the
+        result to be worse. In the simulator the network often left a sixth of 128 CPUs idle while
+        the bottleneck starved; each move is one the mask allows on its own, within the free CPUs."""
+        if self.config.fill_free_cpus <= 0 or not self._is_cpu.any():
+            return choice
+        moves = self.safety.moves(choice, obs)
+        free = int(np.floor(obs.free_cpus + 1e-9)) - int(moves[self._is_cpu].sum())
+        if free < self.config.fill_free_cpus:
+            return choice
+        cpu = np.flatnonzero(self._is_cpu)
+        busy = {s.name: s.busy for s in obs.stages}
+        neck = int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
+        now = np.asarray(values, dtype=np.int64)
+        best = self.memory.best()
+        stage = self.safety.knobs[neck].stage
+        if moves[neck] > 0 or busy.get(stage, 0.0) < FILL_BUSY or stage in obs.light_stages():
+            # already growing; or no stage keeps its workers busy (the consumer is the limit); or its
+            # workers wait on something else than the CPUs (the light-stage probe decides those)
+            return choice
+        if best is not None and self.memory.is_better(best[0], tuple(now[cpu].tolist())):
+            return choice  # the step back towards a better vector goes first
+        for delta in ((5, 1) if free >= 5 else (1,)):
+            a = int(np.flatnonzero(self.safety.deltas == delta)[0])
+            out = choice.copy()
+            out[neck] = a
+            after = now + self.safety.moves(out, obs)
+            if mask[neck, a] and not self.memory.is_worse(tuple(after[cpu].tolist()), tuple(now[cpu].tolist())):
                 return out
         return choice
 
