@@ -16,12 +16,12 @@ HOLD, DOWN5, UP1 = 2, 0, 3  # indices of 0, -5 and +1 in the deltas (-5, -1, 0, 
 class Fixed(torch.nn.Module):
     """A network that always prefers one action for CPU knobs and one for buffer knobs."""
 
-    def __init__(self, cpu_action: int = HOLD, mb_action: int = HOLD) -> None:
+    def __init__(self, cpu_action: int = HOLD, mb_action: int = HOLD, n_actions: int = 5) -> None:
         super().__init__()
-        self.cpu_action, self.mb_action = cpu_action, mb_action
+        self.cpu_action, self.mb_action, self.n_actions = cpu_action, mb_action, n_actions
 
     def forward(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        q = torch.zeros(rows.shape[0], 5)
+        q = torch.zeros(rows.shape[0], self.n_actions)
         is_cpu = rows[:, KNOB_FEATURES.index("is_cpu")] > 0.5
         q[is_cpu, self.cpu_action] = 1.0
         q[~is_cpu, self.mb_action] = 1.0
@@ -199,3 +199,19 @@ def test_idle_cpus_stay_idle_when_no_stage_is_busy():
     for tick in range(2, 6):
         store.update(policy.step(obs(tick)))
     assert (store["read.workers"], store["udf.workers"]) == (2, 2)
+
+
+def test_idle_cpus_are_filled_one_by_one_without_the_plus_five_action():
+    knobs, store = _knobs()
+    config = AgentConfig(probe_after=0, action_deltas=(-1, 0, 1))
+    policy = IntunePolicy(network=Fixed(cpu_action=1, mb_action=1, n_actions=3), config=config, online=False)
+
+    def obs(tick):
+        o = _obs(store, tick, 10_000.0 * store["read.workers"])
+        return Observation(o.tick, 1.0, o.throughput, 0.0, 16.0, o.memory_used_bytes, o.memory_limit_bytes, o.stages)
+
+    policy.reset(knobs, obs(0))
+    store.update(policy.step(obs(1)))
+    store.update({"read.workers": 2, "udf.workers": 2})
+    store.update(policy.step(obs(2)))
+    assert store["read.workers"] == 3

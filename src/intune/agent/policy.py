@@ -293,7 +293,7 @@ class IntunePolicy:
             return choice
         if best is not None and self.memory.is_better(best[0], tuple(now[cpu].tolist())):
             return choice  # the step back towards a better vector goes first
-        for delta in ((5, 1) if free >= 5 else (1,)):
+        for delta in (d for d in ((5, 1) if free >= 5 else (1,)) if d in self.safety.deltas):
             a = int(np.flatnonzero(self.safety.deltas == delta)[0])
             out = choice.copy()
             out[neck] = a
