@@ -131,6 +131,7 @@ def test_a_policy_runs_live_and_every_row_arrives_exactly_once() -> None:
     }
     assert run.history, "the tuner recorded no tick"
     assert 0 < sum(run.arrivals.rows) <= check["delivered"]  # the rest arrived while draining
+    assert run.tuner_stats["decisions"] >= 1 and 0 <= run.tuner_stats["cpu_fraction"] < 1
 
 
 def test_an_unknown_policy_fails_before_anything_runs() -> None:

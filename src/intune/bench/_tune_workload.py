@@ -280,7 +280,7 @@ def drain(batches: Iterable[Mapping[str, np.ndarray]], counter: RowCounter) -> N
 
 @dataclass
 class LiveRun:
-    """What one policy's run left: arrivals, the exactly-once check, the tuner's history."""
+    """What one policy's run left: arrivals, the exactly-once check, the tuner's history and costs."""
 
     policy: str
     arrivals: Arrivals
@@ -288,6 +288,7 @@ class LiveRun:
     history: list[dict[str, Any]]
     events: list[dict[str, Any]]
     failures: dict[str, int]
+    tuner_stats: dict[str, float] = field(default_factory=dict)  # ``Tuner.overhead()``: decision time, CPU
 
 
 def run_policy(
@@ -352,7 +353,9 @@ def run_policy(
         tuner.close()
         if phases:
             restriction.restore()
-    return LiveRun(policy, arrivals, counter.check(source.produced), tuner.history(), events, tuner.failures)
+    return LiveRun(
+        policy, arrivals, counter.check(source.produced), tuner.history(), events, tuner.failures, tuner.overhead()
+    )
 
 
 def search_best(

@@ -144,12 +144,18 @@ def _save_history(directory: str | None, name: str, history: list[dict[str, Any]
 
 
 def _run_rows(benchmark: str, policy: str, run: wl.LiveRun) -> list[dict[str, Any]]:
-    """Exactly-once and the tuner's own failures (a failing policy or monitor leaves the knobs alone)."""
+    """Exactly-once, the tuner's own failures (a failing policy or monitor leaves the knobs alone) and
+    its costs: the CPU a decision uses, its wall time (which includes waiting for the GIL), and the
+    tuning thread's CPU over the run as a share of one core."""
     failures = ", ".join(f"{k}={v}" for k, v in sorted(run.failures.items()))
+    stats = run.tuner_stats
     return [
         *_exactly_once_rows(benchmark, policy, run.check),
         _row(benchmark, policy, "tuner_ticks", len(run.history), "", "ticks"),
         _row(benchmark, policy, "tuner_failures", sum(run.failures.values()), "= 0", failures or "ticks"),
+        _row(benchmark, policy, "decision_cpu_ms_mean", stats.get("decision_cpu_ms_mean"), "<= 1", "ms"),
+        _row(benchmark, policy, "decision_wall_ms_p99", stats.get("decision_ms_p99"), "", "ms"),
+        _row(benchmark, policy, "tuner_cpu_share", stats.get("cpu_fraction"), "<= 0.02", "of a core"),
     ]
 
 
