@@ -54,6 +54,38 @@ def test_shuffle_buffer_never_copies_itself_while_filling_and_grows_once_when_ra
     assert all(len(a) == 1500 for a in buf._buf.values()) and buf.size == 1100
 
 
+def _resident_kib(address: int) -> int:
+    """Resident KiB of the mapping that holds ``address`` (Linux /proc/self/smaps)."""
+    inside, lines = False, open("/proc/self/smaps").read().splitlines()
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(ch in "0123456789abcdef-" for ch in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1])
+    raise AssertionError("address not mapped")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux smaps")
+def test_shuffle_buffer_shrinks_in_place_and_gives_the_memory_back():
+    """A shrink must not copy the rows it keeps to a new array (both would be resident at once, under
+    memory pressure); the rows past the new capacity go back to the system, and no row is lost."""
+    buf = ShuffleBuffer(np.random.default_rng(3), capacity=40_000)
+    wide = lambda lo, hi: {"id": np.arange(lo, hi), "pay": np.ones((hi - lo, 64))}  # noqa: E731
+    for lo in range(0, 40_000, 1000):
+        buf.add(wide(lo, lo + 1000))
+    before = {n: id(a) for n, a in buf._buf.items()}
+    address = buf._buf["pay"].__array_interface__["data"][0]
+    full = _resident_kib(address)  # 40,000 rows x 512 B: about 20 MB
+    (out,) = buf.resize(10_000)
+    assert {n: id(a) for n, a in buf._buf.items()} == before  # same arrays: nothing copied
+    assert _resident_kib(address) < full * 0.3  # three quarters of the pages given back
+    assert np.array_equal(buf._buf["pay"][: buf.size], np.ones((buf.size, 64)))  # the kept rows intact
+    ids = np.concatenate([out["id"], *[o["id"] for o in buf.drain(5000)]])
+    assert_exactly_once(ids, range(40_000))
+
+
 def test_batcher_passes_whole_batches_without_copy_and_splits_the_rest():
     b = Batcher(100, drop_last=False)
     c = chunk(0, 100)

@@ -9,6 +9,8 @@ It must not know about threads, knobs or bytes (the stage turns its MB knob into
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from intune.pipeline.chunks import Chunk
@@ -23,6 +25,7 @@ class ShuffleBuffer:
         self._rng = rng
         self.capacity = capacity
         self._buf: Chunk = {}
+        self._maps: dict[str, mmap.mmap] = {}  # the anonymous mappings behind the columns that have one
         self.size = 0  # rows held
 
     @property
@@ -67,7 +70,13 @@ class ShuffleBuffer:
         return [out]
 
     def resize(self, capacity: int) -> list[Chunk]:
-        """Change the capacity; if it shrinks below what is held, let random rows out."""
+        """Change the capacity; if it shrinks below what is held, let random rows out.
+
+        In place: the rows kept past the new capacity fill the slots of the rows let out below it, and
+        the memory past it goes back to the system. Copying the kept rows to a smaller array would hold
+        both for a moment, and a shrink happens under memory pressure (live, that copy of a nearly full
+        360 MB buffer got the job OOM-killed under a 1 GB limit).
+        """
         capacity = max(1, capacity)
         self.capacity = capacity
         if self.size <= capacity:
@@ -75,13 +84,14 @@ class ShuffleBuffer:
         excess = self.size - capacity
         slots = self._rng.choice(self.size, size=excess, replace=False)
         out = {n: c[slots] for n, c in self._buf.items()}
-        keep = np.ones(self.size, dtype=bool)
-        keep[slots] = False
-        # one column at a time, so that the old and new copies coexist for one column only: a shrink
-        # happens under memory pressure, when a whole second buffer may not fit
-        for n in list(self._buf):
-            self._buf[n] = np.ascontiguousarray(self._buf[n][: self.size][keep])
+        holes = slots[slots < capacity]
+        kept_past = np.ones(self.size - capacity, dtype=bool)
+        kept_past[slots[slots >= capacity] - capacity] = False
+        movers = capacity + np.flatnonzero(kept_past)
+        for c in self._buf.values():
+            c[holes] = c[movers]
         self.size = capacity
+        self._release_past(capacity)
         return [out]
 
     def drain(self, chunk_rows: int) -> list[Chunk]:
@@ -93,14 +103,16 @@ class ShuffleBuffer:
         for start in range(0, self.size, max(1, chunk_rows)):
             idx = order[start : start + chunk_rows]
             out.append({n: c[idx] for n, c in self._buf.items()})
-        self._buf = {}
+        self._buf, self._maps = {}, {}
         self.size = 0
         return out
 
     def _allocate(self, chunk: Chunk) -> None:
-        # the whole capacity at once: ``np.empty`` only reserves address space, pages become resident as
-        # rows are written, so memory grows with the fill and never by copying a growing buffer
-        self._buf = {n: np.empty((self.capacity, *c.shape[1:]), dtype=c.dtype) for n, c in chunk.items()}
+        # the whole capacity at once, in fresh pages that become resident only as rows are written, so
+        # memory grows with the fill and never by copying a growing buffer
+        self._buf, self._maps = {}, {}
+        for n, c in chunk.items():
+            self._buf[n] = self._new_column(n, self.capacity, c)
 
     def _ensure(self, rows: int) -> None:
         """Room for ``rows`` after the capacity was raised: one copy to the new capacity, column by column."""
@@ -110,6 +122,29 @@ class ShuffleBuffer:
         new = max(rows, self.capacity)
         for n in list(self._buf):
             c = self._buf[n]
-            grown = np.empty((new, *c.shape[1:]), dtype=c.dtype)
+            grown = self._new_column(n, new, c)
             grown[: self.size] = c[: self.size]
             self._buf[n] = grown
+
+    def _new_column(self, name: str, rows: int, like: np.ndarray) -> np.ndarray:
+        """An empty column of ``rows`` rows shaped like ``like``: in an anonymous mapping whose pages can
+        be given back on a shrink (``_release_past``), or plain ``np.empty`` for object columns."""
+        self._maps.pop(name, None)
+        shape = (rows, *like.shape[1:])
+        count = int(np.prod(shape, dtype=np.int64))
+        if like.dtype.hasobject or count == 0:
+            return np.empty(shape, dtype=like.dtype)
+        pages = mmap.mmap(-1, count * like.dtype.itemsize)
+        self._maps[name] = pages
+        return np.frombuffer(pages, dtype=like.dtype, count=count).reshape(shape)
+
+    def _release_past(self, rows: int) -> None:
+        """Give the pages of every row from ``rows`` on back to the system (they read as zeros after)."""
+        advise = getattr(mmap, "MADV_DONTNEED", None)
+        if advise is None:
+            return
+        for n, pages in self._maps.items():
+            column = self._buf[n]
+            start = -(-rows * (column.nbytes // max(len(column), 1)) // mmap.PAGESIZE) * mmap.PAGESIZE
+            if start < len(pages):
+                pages.madvise(advise, start, len(pages) - start)
