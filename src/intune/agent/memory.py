@@ -57,6 +57,7 @@ class AllocationMemory:
         self._cpus: float | None = None
         self._previous: Workers | None = None
         self._run = 0  # readings in a row of the vector now in place
+        self._best: tuple[int, tuple[Workers, Reading] | None] | None = None  # (tick, best()) cache
         self._readings: dict[Workers, Reading] = {}
 
     @property
@@ -67,6 +68,7 @@ class AllocationMemory:
         """Drop every reading (a resize: what was measured on other CPUs says nothing now)."""
         self._readings.clear()
         self._previous = None
+        self._best = None
 
     def observe(self, cpus: float, workers: Workers, throughput: float, valid: bool = True) -> None:
         """The throughput measured over the last tick, during which ``workers`` were in place.
@@ -120,9 +122,14 @@ class AllocationMemory:
         return new.value < (1.0 - tolerance) * now.value
 
     def best(self) -> tuple[Workers, Reading] | None:
-        """The remembered vector with the highest settled reading (None if none is settled)."""
+        """The remembered vector with the highest settled reading (None if none is settled); computed once
+        per tick (the policy asks more than once)."""
+        if self._best is not None and self._best[0] == self.tick:
+            return self._best[1]
         live = [(w, r) for w, r in self._readings.items() if r.settled and self.tick - r.tick < self.ticks]
-        return max(live, key=lambda wr: wr[1].value) if live else None
+        found = max(live, key=lambda wr: wr[1].value) if live else None
+        self._best = (self.tick, found)
+        return found
 
     def is_better(self, candidate: Workers, current: Workers) -> bool:
         """Whether ``candidate`` was recently measured, settled, clearly above ``current`` (also settled)."""

@@ -285,12 +285,12 @@ class IntunePolicy:
         busy = {s.name: s.busy for s in obs.stages}
         neck = int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
         now = np.asarray(values, dtype=np.int64)
-        best = self.memory.best()
         stage = self.safety.knobs[neck].stage
         if moves[neck] > 0 or busy.get(stage, 0.0) < FILL_BUSY or stage in obs.light_stages():
             # already growing; or no stage keeps its workers busy (the consumer is the limit); or its
             # workers wait on something else than the CPUs (the light-stage probe decides those)
             return choice
+        best = self.memory.best()
         if best is not None and self.memory.is_better(best[0], tuple(now[cpu].tolist())):
             return choice  # the step back towards a better vector goes first
         for delta in (d for d in ((5, 1) if free >= 5 else (1,)) if d in self.safety.deltas):
