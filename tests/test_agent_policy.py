@@ -60,8 +60,16 @@ def test_it_improves_criteo_over_the_even_split_without_ooms():
 def test_decision_takes_under_a_millisecond():
     # the same measurement as `python -m intune.agent.benchmark` reports (criteo, 128 CPUs); the best of
     # three medians, as timeit takes the best of its repeats: this shared machine's noise alone moved one
-    # median from 0.6 to 1.07 ms between back-to-back runs
-    assert min(decision_time(ticks=120)["median_ms"] for _ in range(3)) < 1.0
+    # median from 0.6 to 1.07 ms between back-to-back runs. The collector is paused, as timeit does: in
+    # the full suite, the garbage of earlier tests is collected in the middle of the timed decisions
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert min(decision_time(ticks=120)["median_ms"] for _ in range(3)) < 1.0
+    finally:
+        gc.enable()
 
 
 def test_online_fine_tuning_learns_without_touching_the_shipped_network():
