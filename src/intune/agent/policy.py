@@ -313,8 +313,8 @@ class IntunePolicy:
         donors = [k for k in reversed(order) if k != neck and now[k] > self.safety.knobs[k].min]
         out: list[dict[int, int]] = [{neck: 1}] if free >= 1 or self.safety.knobs[neck].stage in light else []
         out += [{neck: 1, d: -1} for d in donors[:1]]
-        stage_of = {k: self.safety.knobs[k].stage for k in order[1:]}
-        out += [{k: 1} for k, stage in stage_of.items() if stage in light and busy.get(stage, 0.0) >= 0.5]
+        others = (self.safety.knobs[k].stage for k in order[1:])
+        out += [{k: 1} for k, stage in zip(order[1:], others) if stage in light and busy.get(stage, 0.0) >= 0.5]
         return out
 
     # -- online fine-tuning ------------------------------------------------------------------------
