@@ -69,3 +69,19 @@ def test_n_step_returns_match_hand_computed_values():
     np.testing.assert_allclose(buf.returns[1:4], [2 + 0.5 * 3 + 0.25 * -10, 3 + 0.5 * -10, -10])
     np.testing.assert_allclose(buf.discount[1:4], 0.0)
     assert buf.rows[1, 0, 0] == 2.0  # each transition starts at its own tick
+
+
+@pytest.mark.parametrize("knobs", [2, 5, 16])
+def test_the_numpy_forward_gives_the_networks_q_values(knobs):
+    from intune.agent.network import NumpyQ
+
+    torch.manual_seed(knobs)
+    q = new_network(AgentConfig())
+    rows = torch.randn(4, MAX_KNOBS, N_FEATURES)
+    valid = torch.zeros(4, MAX_KNOBS, dtype=torch.bool)
+    valid[:, :knobs] = True
+    valid[1, 0] = False  # a hole in the middle of the valid knobs
+    with torch.no_grad():
+        expected = q(rows, valid).numpy()
+    np.testing.assert_allclose(NumpyQ(q)(rows.numpy(), valid.numpy()), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(NumpyQ(q)(rows[0].numpy(), valid[0].numpy()), expected[0], rtol=1e-5, atol=1e-5)

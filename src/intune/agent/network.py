@@ -9,6 +9,7 @@ retraining. It must not know about observations or knobs, only about feature ten
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -35,6 +36,38 @@ class BranchingQNetwork(nn.Module):
         advantage = self.head(h)  # layer 3: per knob, per action
         value = self.value((h * weights).sum(-2) / weights.sum(-2).clamp_min(1.0)).unsqueeze(-2)
         return (value + advantage - advantage.mean(-1, keepdim=True)) * weights
+
+
+class NumpyQ:
+    """The same forward pass as ``BranchingQNetwork`` in numpy, from a snapshot of its weights.
+
+    Why: the live tuner decides on a background thread while the pipeline saturates the CPUs. There,
+    torch's linear layers hand the tiny matrix products to the OpenMP pool of the whole process, and the
+    calling thread spins at the pool's barrier until a busy CPU runs the other worker: 1 ms of CPU per
+    layer instead of microseconds. numpy does these products on the calling thread. Call ``refresh``
+    after every gradient step so the snapshot stays the network's.
+    """
+
+    def __init__(self, net: BranchingQNetwork) -> None:
+        self.refresh(net)
+
+    def refresh(self, net: BranchingQNetwork) -> None:
+        def take(layer: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
+            return layer.weight.detach().numpy().T.copy(), layer.bias.detach().numpy().copy()
+
+        self._embed, self._mix, self._head, self._value = (take(l) for l in (net.embed, net.mix, net.head, net.value))
+
+    def __call__(self, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """``rows [..., K, F]`` float32, ``valid [..., K]`` -> Q-values ``[..., K, A]`` (as the network)."""
+        weights = valid.astype(rows.dtype)[..., None]
+        count = np.maximum(weights.sum(-2), 1.0)
+        h = np.maximum(rows @ self._embed[0] + self._embed[1], 0.0)
+        pooled = (h * weights).sum(-2) / count
+        both = np.concatenate([h, np.broadcast_to(pooled[..., None, :], h.shape)], axis=-1)
+        h = np.maximum(both @ self._mix[0] + self._mix[1], 0.0)
+        advantage = h @ self._head[0] + self._head[1]
+        value = (((h * weights).sum(-2) / count) @ self._value[0] + self._value[1])[..., None, :]
+        return (value + advantage - advantage.mean(-1, keepdims=True)) * weights
 
 
 def parameter_count(net: nn.Module) -> int:

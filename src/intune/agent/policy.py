@@ -23,7 +23,8 @@ from intune.agent.config import AgentConfig
 from intune.agent.dqn import new_network, td_loss
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
 from intune.agent.memory import AllocationMemory, Workers
-from intune.agent.network import BranchingQNetwork
+from intune.agent.network import BranchingQNetwork, NumpyQ
+from intune.agent.online_adam import OnlineAdam
 from intune.agent.replay import ReplayBuffer
 from intune.agent.safety import SafetyLayer
 from intune.knobs import Knob
@@ -89,7 +90,7 @@ class IntunePolicy:
         self.warm_start = warm_start
         self.online = online
         self._rng = np.random.default_rng(seed)
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer: OnlineAdam | None = None
         self._target: BranchingQNetwork | None = None
         self._buffer: ReplayBuffer | None = None
         self._observed = 0
@@ -121,6 +122,9 @@ class IntunePolicy:
         self._start = self._start_allocation(observation)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._pending_reward: float | None = None
+        # decisions run in numpy (see NumpyQ: torch spins on a saturated machine); a stand-in network
+        # of another class (tests) runs as it is
+        self._numpy_q = NumpyQ(self.q) if isinstance(self.q, BranchingQNetwork) else None
 
     def step(self, observation: Observation) -> dict[str, int]:
         # the throughput of the last tick belongs to the workers in place now, before this tick's move
@@ -135,8 +139,11 @@ class IntunePolicy:
         mask = self.safety.mask(observation, values)
         self._remember(rows, valid, mask)
         n = len(values)
-        with torch.inference_mode():
-            q_values = self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
+        if self._numpy_q is not None:
+            q_values = self._numpy_q(rows[:n], valid[:n])
+        else:
+            with torch.inference_mode():
+                q_values = self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
         choice = self._guard(self.safety.select(q_values, mask, observation, values), observation, values)
         choice = self._steer(choice, mask, observation, values)
         choice = self._fill_idle_cpus(choice, mask, observation, values)
@@ -351,13 +358,15 @@ class IntunePolicy:
         if self._optimizer is None:
             self.q = copy.deepcopy(self.q)  # never modify a network shared with the caller
             self._target = copy.deepcopy(self.q)
-            self._optimizer = torch.optim.Adam(self.q.parameters(), lr=self.config.online_learning_rate)
+            self._optimizer = OnlineAdam(self.q.parameters(), lr=self.config.online_learning_rate)
         batch = buffer.sample(min(buffer.size, self.config.batch_size // 4), self._rng)
         loss = td_loss(self.q, self._target, batch)
         self._optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.q.parameters(), self.config.max_grad_norm)
         self._optimizer.step()
+        if self._numpy_q is not None:
+            self._numpy_q.refresh(self.q)
         if (self._observed // self.config.online_train_every) % 50 == 0:
             self._target.load_state_dict(self.q.state_dict())
 
