@@ -335,6 +335,7 @@ def test_overhead_is_measured():
     assert o["decisions"] >= 20
     assert 0 < o["decision_ms_mean"] <= o["decision_ms_max"] < 100  # a trivial policy + clamp
     assert 0 <= o["decision_cpu_ms_mean"] < 100
+    assert 0 <= o["decision_cpu_ms_median"] <= o["decision_cpu_ms_mean"] * o["decisions"]
     assert 0 < o["thread_cpu_s"] <= o["wall_s"] and o["cpu_fraction"] == pytest.approx(
         o["thread_cpu_s"] / o["wall_s"]
     )

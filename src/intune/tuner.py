@@ -159,7 +159,7 @@ class Tuner:
         """
         with self._lock:
             ms = sorted(self._decision_ms)
-            cpu_ms = list(self._decision_cpu_ms)
+            cpu_ms = sorted(self._decision_cpu_ms)
             learn = list(self._learn_ms)
             cpu_s = self._thread_cpu_s
         if self._started_at is None:
@@ -172,6 +172,7 @@ class Tuner:
             "decision_ms_p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else 0.0,
             "decision_ms_max": ms[-1] if ms else 0.0,
             "decision_cpu_ms_mean": sum(cpu_ms) / len(cpu_ms) if cpu_ms else 0.0,
+            "decision_cpu_ms_median": cpu_ms[len(cpu_ms) // 2] if cpu_ms else 0.0,
             "learn_ms_mean": sum(learn) / len(learn) if learn else 0.0,
             "thread_cpu_s": cpu_s,
             "wall_s": wall,

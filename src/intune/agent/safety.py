@@ -49,11 +49,15 @@ class SafetyLayer:
         self._last_point: tuple[int, float] | None = None
         self._changes: list[tuple[int, float]] = []  # (change of workers, change of memory outside buffers)
         self._still: list[float] = []  # change of memory outside buffers on ticks the workers held
+        # one tick asks for the step units and a worker's cost several times: computed once per observation
+        self._units: tuple[Observation, np.ndarray] | None = None
+        self._worker_bytes: tuple[Observation, float] | None = None
 
     # -- projections ---------------------------------------------------------------------------
     def track(self, obs: Observation) -> None:
         """Learn what a worker costs from how memory outside buffers moved with the worker count,
         and how noisy the memory reading is from how it moved while the workers did not."""
+        self._worker_bytes = None
         if obs.oom or obs.throughput <= 0:
             self._last_point = None
             return
@@ -80,6 +84,13 @@ class SafetyLayer:
         and the result is capped by the plain upper bound (memory outside buffers / workers). A slope
         not clearly above zero (slope - 2 errors <= 0) is not trusted: then the plain upper bound.
         """
+        if self._worker_bytes is not None and self._worker_bytes[0] is obs:
+            return self._worker_bytes[1]
+        value = self._worker_memory_bytes(obs)
+        self._worker_bytes = (obs, value)
+        return value
+
+    def _worker_memory_bytes(self, obs: Observation) -> float:
         workers = sum(s.workers for s in obs.stages)
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
         upper = max(0.0, outside) / max(workers, 1)
@@ -149,10 +160,15 @@ class SafetyLayer:
         a few ticks; the paper's 1 MB unit would need hundreds of ticks to reach a useful depth. The
         sixteenth lets a 1.5 GB shuffle buffer move by ~96 MB (+-5: ~30%) a tick instead of 1 MB.
         """
+        if self._units is not None and self._units[0] is obs:
+            return self._units[1]
         item_mb = {s.name: s.bytes_per_item / MB for s in obs.stages}
         size_mb = {s.name: s.buffer_mb for s in obs.stages}
-        return np.array([1 if is_cpu else max(1, int(round(item_mb.get(stage, 0.0))), int(size_mb.get(stage, 0)) // 16)
-                         for stage, is_cpu in zip(self._stages, self._is_cpu)])
+        units = np.array([1 if is_cpu else max(1, int(round(item_mb.get(stage, 0.0))), int(size_mb.get(stage, 0)) // 16)
+                          for stage, is_cpu in zip(self._stages, self._is_cpu)])
+        units.flags.writeable = False  # shared by every caller this tick
+        self._units = (obs, units)
+        return units
 
     def moves(self, choice: np.ndarray, obs: Observation) -> np.ndarray:
         """Knob-value changes of the chosen action indices."""
@@ -253,22 +269,20 @@ class SafetyLayer:
         best[offset] = 0.0
         picks = np.zeros((n, width), dtype=np.int64)
         order = np.argsort(np.abs(self.deltas), kind="stable")  # on ties, prefer holding, then small moves
+        shifts = self.deltas[order]
+        shifted = np.empty((len(order), width))
         for k in range(n):
-            nxt = np.full(width, -np.inf)
-            for a in order:
-                d = int(self.deltas[a])
-                if not np.isfinite(scores[k, a]):
-                    continue
-                shifted = np.full(width, -np.inf)
+            # row i: the best total reachable if knob k takes action order[i] (argmax keeps the first on ties)
+            shifted.fill(-np.inf)
+            for i, d in enumerate(shifts.tolist()):
                 if d >= 0:
-                    shifted[d:] = best[: width - d]
+                    shifted[i, d:] = best[: width - d]
                 else:
-                    shifted[:d] = best[-d:]
-                cand = shifted + scores[k, a]
-                better = cand > nxt
-                nxt[better] = cand[better]
-                picks[k, better] = a
-            best = nxt
+                    shifted[i, :d] = best[-d:]
+            cand = shifted + scores[k, order][:, None]
+            first = cand.argmax(axis=0)
+            best = cand[first, np.arange(width)]
+            picks[k] = order[first]
         limit = min(offset + budget, width - 1)
         total = int(np.argmax(best[: limit + 1]))
         out = np.empty(n, dtype=np.int64)

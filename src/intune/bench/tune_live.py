@@ -153,6 +153,7 @@ def _run_rows(benchmark: str, policy: str, run: wl.LiveRun) -> list[dict[str, An
         *_exactly_once_rows(benchmark, policy, run.check),
         _row(benchmark, policy, "tuner_ticks", len(run.history), "", "ticks"),
         _row(benchmark, policy, "tuner_failures", sum(run.failures.values()), "= 0", failures or "ticks"),
+        _row(benchmark, policy, "decision_cpu_ms_median", stats.get("decision_cpu_ms_median"), "<= 1", "ms"),
         _row(benchmark, policy, "decision_cpu_ms_mean", stats.get("decision_cpu_ms_mean"), "<= 1", "ms"),
         _row(benchmark, policy, "decision_wall_ms_p99", stats.get("decision_ms_p99"), "", "ms"),
         _row(benchmark, policy, "tuner_cpu_share", stats.get("cpu_fraction"), "<= 0.02", "of a core"),
