@@ -215,3 +215,77 @@ def test_idle_cpus_are_filled_one_by_one_without_the_plus_five_action():
     store.update({"read.workers": 2, "udf.workers": 2})
     store.update(policy.step(obs(2)))
     assert store["read.workers"] == 3
+
+
+def _busy_obs(store, tick, throughput, busy, cpus):
+    """read and udf stages with the given busy shares (the rest of the tick starved)."""
+    stages = tuple(
+        StageObservation(name, store[f"{name}.workers"], 0, 10.0, 2560.0, 0.01, 0.02, MB, b, 1.0 - b, 0.0, 0.5, 0.0)
+        for name, b in busy(store).items()
+    ) + (
+        _stage("shuffle", 0, store["shuffle.buffer_mb"], 0.1, 0.9),
+        _stage("prefetch", 0, store["prefetch.buffer_mb"], 0.0, 1.0),
+    )
+    return Observation(tick, 1.0, throughput, 0.0, cpus, 300 * MB, 8192 * MB, stages)
+
+
+def _run_busy(network, rate, busy, start, cpus, ticks):
+    """Like ``_run`` from ``start`` workers, with the runner's clamp (over-allocated: only decreases pass)."""
+    from intune.policies import clamp_request
+
+    knobs, store = _knobs()
+    store.update(start)
+    policy = IntunePolicy(network=network, online=False)
+    policy.reset(knobs, _busy_obs(store, 0, rate(store), busy, cpus))
+    policy._start = None  # start from ``start``, not from the even split
+    seen = []
+    for tick in range(1, ticks + 1):
+        request = policy.step(_busy_obs(store, tick, rate(store), busy, cpus))
+        store.update(clamp_request(knobs, request, cpus, 8 << 30).applied)
+        seen.append((store["read.workers"], store["udf.workers"]))
+    return seen, policy
+
+
+def _read_neck(store):
+    """read is the bottleneck (busy all the tick); udf's workers share what read delivers."""
+    return {"read": 1.0, "udf": min(1.0, 0.6 * store["read.workers"] / store["udf.workers"])}
+
+
+def test_idle_workers_move_to_a_busy_bottleneck_without_waiting_for_a_probe():
+    # 8 CPUs, none free: read 2 (busy), udf 6 at 0.2 busy = 4.8 idle workers
+    seen, policy = _run_busy(Fixed(), lambda s: 10_000.0 * s["read.workers"], _read_neck, {"read.workers": 2, "udf.workers": 6}, 8.0, 12)
+    assert seen[:2] == [(2, 6), (3, 5)]  # right after the dwell, not after ``probe_after`` ticks of holding
+    assert seen[-1][0] >= 4 and sum(seen[-1]) == 8
+    assert policy.swaps >= 2
+
+
+def test_a_swap_that_measures_clearly_worse_is_undone_and_not_tried_again():
+    rate = lambda s: 20_000.0 if s["read.workers"] == 2 else 12_000.0  # noqa: E731 - read's busy share misleads
+    seen, policy = _run_busy(Fixed(), rate, _read_neck, {"read.workers": 2, "udf.workers": 6}, 8.0, 30)
+    assert seen[1] == (3, 5) and seen[-1] == (2, 6)
+    assert policy.swaps == 1 and policy.reverts >= 1
+
+
+class PerKnob(torch.nn.Module):
+    """A network that holds for ``hold`` decisions, then prefers a given action per knob (by position)."""
+
+    def __init__(self, actions, hold=0):
+        super().__init__()
+        self.actions, self.hold = actions, hold
+
+    def forward(self, rows, valid):
+        q = torch.zeros(rows.shape[0], 5)
+        self.hold -= 1
+        for k, a in enumerate(self.actions[: rows.shape[0]]):
+            q[k, HOLD if self.hold >= 0 else a] = 1.0
+        return q
+
+
+def test_over_allocated_a_swap_the_runner_cannot_grant_does_not_shed_a_worker_every_tick():
+    # 4 CPUs, 6 workers (after a shrink). The network moves a reader to udf every tick; the runner
+    # refuses the increase and applies the decrease. Once fewer readers are measured clearly worse, the
+    # memory stops the network's moves away from the better vector
+    network = PerKnob([1, UP1, HOLD, HOLD], hold=3)  # read -1, udf +1, after 3 ticks in place
+    seen, _ = _run_busy(network, lambda s: 10_000.0 * s["read.workers"], _read_neck, {"read.workers": 3, "udf.workers": 3}, 4.0, 20)
+    assert min(r for r, _ in seen) >= 2
+    assert all(u == 3 for _, u in seen)  # the increases were never granted

@@ -37,6 +37,8 @@ WEIGHTS_DIR = Path(__file__).with_name("weights")
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
 WEIGHTS_FORMAT = 1
 FILL_BUSY = 0.8  # idle CPUs go to the busiest stage only if its workers are busy at least this share of the tick
+SWAP_BUSY = 0.9  # a worker moves to the busiest stage from another's idle workers only if it is this busy
+SWAP_IDLE = 1.5  # ... and the other stage has at least this many idle workers (workers x share not busy)
 
 
 def save_weights(path: str | Path, q: BranchingQNetwork, config: AgentConfig) -> Path:
@@ -115,10 +117,12 @@ class IntunePolicy:
         # the user's shuffle buffer sets how random the order is: a floor, except when memory forces a cut
         self._floor = np.array([k.value if f else k.min for k, f in zip(self.safety.knobs, self._is_shuffle, strict=True)])
         self._held_ticks = 0  # ticks the workers have not moved
+        self._fresh_ticks = 0  # ticks since the workers last went to a vector not measured recently
         self._moved_once = False
         self.probes = 0  # ticks the policy tried a worker the network did not ask for
+        self.swaps = 0  # ticks it moved a worker from idle workers to the bottleneck over the network's choice
         self.reverts = 0  # ticks it stepped back towards a remembered better vector (or undid a probe)
-        self._probe: tuple[Workers, Workers] | None = None  # a light stage's probe: (before, probed) until judged
+        self._probe: tuple[Workers, Workers, bool] | None = None  # (before, after, must gain) until judged
         self._start = self._start_allocation(observation)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._pending_reward: float | None = None
@@ -162,6 +166,8 @@ class IntunePolicy:
         choice[forced] = int(np.argmin(self.safety.deltas))
         moved = bool((wanted != now)[self._is_cpu].any())
         self._held_ticks = 0 if moved else self._held_ticks + 1
+        fresh = moved and self.memory.recall(tuple(wanted[self._is_cpu].tolist())) is None
+        self._fresh_ticks = 0 if fresh else self._fresh_ticks + 1
         self._moved_once = self._moved_once or moved
         self.builder.applied(self.safety.deltas[choice])
         actions = np.full(MAX_KNOBS, self.safety.zero, dtype=np.int64)
@@ -193,32 +199,47 @@ class IntunePolicy:
         return self.safety.worst_case_memory(obs, values) <= 0.75 * self.config.memory_margin * obs.memory_limit_bytes
 
     def _steer(self, choice: np.ndarray, mask: np.ndarray, obs: Observation, values: list[int]) -> np.ndarray:
-        """When the network holds the workers: undo a probe that did not pay, step back towards a
-        remembered vector clearly better than the current one, or, after ``probe_after`` ticks of
-        holding, probe one worker more on a busy stage (``_probes``). Each CPU move is one that the
-        safety mask allows on its own, and at most one worker is added, only when a CPU is free, one is
-        removed in the same tick, or it goes to a light stage (which the runner grants past the CPUs),
-        so the safety limits still hold."""
+        """Moves of the workers the network does not make, in this order:
+
+        1. undo a probe or swap once measured, if it did not pay (``_judge``);
+        2. move one worker from idle workers to a busy bottleneck (``_idle_swap``), over the network;
+        3. when the network holds the workers or cycles among vectors measured recently: step back
+           towards a remembered vector clearly better than the current one, or after ``probe_after``
+           ticks without a new vector, probe one worker more on a busy stage (``_probes``).
+
+        Each CPU move is one that the safety mask allows on its own, and at most one worker is added,
+        only when a CPU is free, one is removed in the same tick, or it goes to a light stage (which the
+        runner grants past the CPUs), so the safety limits still hold. A swap also needs the mask to
+        allow a worker more on the donor, so that it can be undone."""
         if not self.memory.enabled or self.config.probe_after <= 0 or not self._is_cpu.any():
             return choice
-        if self.safety.moves(choice, obs)[self._is_cpu].any():
-            self._probe = None
-            return choice  # the network (or the guard) moves the workers: leave it
         cpu = np.flatnonzero(self._is_cpu)
         now = np.asarray(values, dtype=np.int64)
         current = tuple(now[cpu].tolist())
+        network = self.safety.moves(choice, obs)[self._is_cpu]
+        light = set(obs.light_stages())
         up = int(np.flatnonzero(self.safety.deltas == 1)[0])
         down = int(np.flatnonzero(self.safety.deltas == -1)[0])
         free = int(np.floor(obs.free_cpus + 1e-9))
-        light = set(obs.light_stages())
+        held = choice.copy()  # the network's choice with the workers held (its buffer moves stay)
+        held[self._is_cpu] = self.safety.zero
+
+        def vector(moves: dict[int, int]) -> Workers:
+            after = now.copy()
+            for k, d in moves.items():
+                after[k] += d
+            return tuple(after[cpu].tolist())
 
         def try_moves(moves: dict[int, int]) -> np.ndarray | None:
-            """Apply +-1 moves (knob index -> +1/-1) if each is allowed and the CPUs allow them together
-            (a lone +1 on a light stage needs no free CPU: the runner grants it)."""
+            """Apply +-1 moves (knob index -> +1/-1) if each is allowed and the CPUs allow them together,
+            as the runner grants them: an increase only while the workers after every move fit the CPUs
+            (over-allocated after a shrink, only decreases pass); a lone +1 on a light stage needs no
+            free CPU."""
             lone_light = len(moves) == 1 and list(moves.values()) == [1] and self.safety.knobs[next(iter(moves))].stage in light
-            if not moves or (sum(moves.values()) > max(free, 0) and not lone_light):
+            rising = any(d > 0 for d in moves.values())
+            if not moves or (rising and sum(moves.values()) > free and not lone_light):
                 return None
-            out = choice.copy()
+            out = held.copy()
             for k, d in moves.items():
                 allowed = mask[k, up if d > 0 else down] or (lone_light and self.safety.memory_allows_worker(obs, values, k))
                 if not allowed:
@@ -238,43 +259,76 @@ class IntunePolicy:
                     return out
             return None
 
-        if self._probe is not None:
-            origin, probed = self._probe
-            reading = self.memory.recall(probed)
-            if current != probed:
-                self._probe = None
-            elif reading is not None and reading.settled:
-                # a light stage's worker stays only if clearly better: light workers leave their CPU
-                # unused, so the free CPUs never run out and each probe would add one more
-                self._probe = None
-                if not self.memory.is_better(probed, origin):
-                    out = step_towards(origin)
-                    if out is not None:
-                        self.reverts += 1
-                        return out
+        origin = self._judge(current)
+        if origin is not None:
+            out = step_towards(origin)
+            if out is not None:
+                self.reverts += 1
+                return out
+        swap = self._idle_swap(cpu, now, obs, light)
+        if swap is not None and self._held_ticks >= self.config.dwell_ticks and self.memory.recall(vector(swap)) is None:
+            neck, donor = (k for k, _ in sorted(swap.items(), key=lambda kd: -kd[1]))
+            out = try_moves(swap)
+            if out is not None and network[list(cpu).index(neck)] <= 0 and mask[donor, up]:
+                # clear evidence, over the network's choice: the bottleneck is busy while another stage
+                # idles whole workers. Judged like a probe: undone if the memory then finds it clearly worse
+                self.swaps += 1
+                self._probe = (current, vector(swap), False)
+                return out
         best = self.memory.best()
-        if best is not None and self.memory.is_better(best[0], current):
+        behind = best is not None and self.memory.is_better(best[0], current)
+        if behind and network.any():
+            # the memory knows a clearly better vector: the network's moves away from it do not go through
+            # (seen in the simulator: over-allocated after a shrink, the runner refused the network's
+            # increases and applied its decreases, so a swap it repeated shed a reader every other tick)
+            diff = np.asarray(best[0], dtype=np.int64) - now[cpu]
+            away = (network * diff < 0) | ((diff == 0) & (network != 0))
+            if away.any():
+                choice = choice.copy()
+                choice[cpu[away]] = self.safety.zero
+                network = self.safety.moves(choice, obs)[self._is_cpu]
+        if network.any() and self.memory.recall(tuple((now[cpu] + network).tolist())) is None:
+            return choice  # the network (or the guard) explores a vector not measured recently: leave it
+        # the network holds, or cycles among vectors already measured (seen in the simulator: 4 stages
+        # moved back and forth every other tick for a whole phase, so nothing was ever probed)
+        if behind:
             out = step_towards(best[0])
             if out is not None:
                 self.reverts += 1
                 return out
-        if self._held_ticks < self.config.probe_after:
+        if self._fresh_ticks < self.config.probe_after:
             return choice
         for moves in self._probes(cpu, now, free, light, obs):
-            candidate = now.copy()
-            for k, d in moves.items():
-                candidate[k] += d
-            probed = tuple(candidate[cpu].tolist())
+            probed = vector(moves)
             if self.memory.recall(probed) is not None:
                 continue  # measured recently: the guard and the step back already use what it showed
+            if any(d < 0 and not mask[k, up] for k, d in moves.items()):
+                continue  # a worker taken where the mask would not give it back (memory): a one-way door
             out = try_moves(moves)
             if out is not None:
                 self.probes += 1
-                self._held_ticks = 0
-                to_light = any(d > 0 and self.safety.knobs[k].stage in light for k, d in moves.items())
-                self._probe = (current, probed) if to_light else None
+                # a light stage's worker stays only if clearly better: light workers leave their CPU
+                # unused, so the free CPUs never run out and each probe would add one more
+                if any(d > 0 and self.safety.knobs[k].stage in light for k, d in moves.items()):
+                    self._probe = (current, probed, True)
                 return out
         return choice
+
+    def _judge(self, current: Workers) -> Workers | None:
+        """The vector to go back to if the pending probe or swap has been measured (settled) and did not
+        pay: a light probe must be clearly better than where it started, a swap not clearly worse."""
+        if self._probe is None:
+            return None
+        origin, probed, must_gain = self._probe
+        reading = self.memory.recall(probed)
+        if current != probed:
+            self._probe = None  # moved on (the network, or a resize)
+            return None
+        if reading is None or not reading.settled:
+            return None
+        self._probe = None
+        failed = not self.memory.is_better(probed, origin) if must_gain else self.memory.is_worse(probed, origin)
+        return origin if failed else None
 
     def _fill_idle_cpus(self, choice: np.ndarray, mask: np.ndarray, obs: Observation, values: list[int]) -> np.ndarray:
         """CPUs left idle after the network's moves (at least ``fill_free_cpus``) go to the busiest stage,
@@ -309,17 +363,35 @@ class IntunePolicy:
                 return out
         return choice
 
+    def _idle_swap(self, cpu: np.ndarray, now: np.ndarray, obs: Observation, light: set[str]) -> dict[int, int] | None:
+        """One worker from the stage with the most idle workers (at least ``SWAP_IDLE``) to the busiest
+        stage, if that one is busy at least ``SWAP_BUSY`` of the tick and not light; else None."""
+        busy = {s.name: s.busy for s in obs.stages}
+        stage = [self.safety.knobs[k].stage for k in range(len(self.safety.knobs))]
+        neck = int(max(cpu, key=lambda k: busy.get(stage[k], 0.0)))
+        if busy.get(stage[neck], 0.0) < SWAP_BUSY or stage[neck] in light:
+            return None
+        idle = {int(k): now[k] * (1.0 - busy.get(stage[k], 1.0)) for k in cpu if k != neck and now[k] > self.safety.knobs[k].min}
+        donor = max(idle, key=idle.__getitem__, default=None)
+        if donor is None or idle[donor] < SWAP_IDLE:
+            return None
+        return {neck: 1, donor: -1}
+
     def _probes(self, cpu: np.ndarray, now: np.ndarray, free: int, light: set[str], obs: Observation) -> list[dict[int, int]]:
         """Probe moves, most promising first: one worker more on the busiest stage (from a free CPU, or
-        past the CPUs if the stage is light), one moved there from the least busy stage, then one more
+        past the CPUs if the stage is light), one moved there from the stage with the most idle workers
+        (or the next one), then one more
         on any other busy light stage (a reader waiting on storage can be the co-bottleneck)."""
         busy = {s.name: s.busy for s in obs.stages}
         starved = {s.name: s.starved for s in obs.stages}
         order = [int(k) for k in sorted(cpu, key=lambda k: (-busy.get(self.safety.knobs[k].stage, 0.0), starved.get(self.safety.knobs[k].stage, 0.0)))]
         neck = order[0]
-        donors = [k for k in reversed(order) if k != neck and now[k] > self.safety.knobs[k].min]
+        # a donor is the stage with the most idle workers (workers x share of the tick not busy): one with
+        # 2 workers half idle has 1 idle worker, and gives it up only by becoming the next bottleneck
+        idle = {int(k): now[k] * (1.0 - busy.get(self.safety.knobs[k].stage, 0.0)) for k in cpu}
+        donors = sorted((k for k in order if k != neck and now[k] > self.safety.knobs[k].min), key=lambda k: -idle[k])
         out: list[dict[int, int]] = [{neck: 1}] if free >= 1 or self.safety.knobs[neck].stage in light else []
-        out += [{neck: 1, d: -1} for d in donors[:1]]
+        out += [{neck: 1, d: -1} for d in donors[:2]]
         others = (self.safety.knobs[k].stage for k in order[1:])
         out += [{k: 1} for k, stage in zip(order[1:], others) if stage in light and busy.get(stage, 0.0) >= 0.5]
         return out
