@@ -86,6 +86,25 @@ def test_shuffle_buffer_shrinks_in_place_and_gives_the_memory_back():
     assert_exactly_once(ids, range(40_000))
 
 
+def test_a_shrink_with_max_out_lets_rows_out_a_chunk_at_a_time_and_loses_none():
+    """A shrink from 5,000 to 100 rows lets out at most 300 rows a call; rows that arrive meanwhile
+    replace buffered ones (the buffer counts as full), and every row comes out exactly once."""
+    buf = ShuffleBuffer(np.random.default_rng(5), capacity=5000)
+    for lo in range(0, 5000, 100):
+        buf.add(chunk(lo, lo + 100))
+    out, lo, sizes = [], 5000, []
+    while buf.size > 100:
+        released = buf.resize(100, max_out=300)
+        sizes += [len(c["id"]) for c in released]
+        out += released
+        out += buf.add(chunk(lo, lo + 100))
+        lo += 100
+    assert max(sizes) == 300 and buf.size == 100 and len(sizes) == 17  # 4,900 rows, 300 a call
+    assert buf.resize(100, max_out=300) == []
+    out += buf.drain(100)
+    assert_exactly_once(np.concatenate([c["id"] for c in out]), range(lo))
+
+
 def test_batcher_passes_whole_batches_without_copy_and_splits_the_rest():
     b = Batcher(100, drop_last=False)
     c = chunk(0, 100)

@@ -134,3 +134,31 @@ def test_retired_workers_use_no_cpu_once_the_input_has_ended(mode):
         time.sleep(0.5)
         assert time.process_time() - c0 < 0.1, "parked workers are spinning"
         assert len(list(it)) == 299
+
+
+def test_a_shrunk_shuffle_lets_its_rows_out_a_chunk_at_a_time():
+    """Lowering ``shuffle.buffer_mb`` mid-epoch: the rows let out go downstream in chunks no larger than
+    the input's (before, one chunk of every excess row: a process worker copies each chunk it takes
+    three or four times, and a 140 MB one got a job OOM-killed under a 1 GB limit)."""
+    rows, size = 30_000, 50
+    wide = lambda: [{"id": np.arange(i, i + size), "pay": np.ones((size, 128))} for i in range(0, rows, size)]  # noqa: E731
+    seen: list[int] = []
+
+    def record(chunk):
+        seen.append(len(chunk["id"]))
+        return chunk
+
+    pipe = (
+        intune.Pipeline.from_iterable(wide)
+        .shuffle(buffer_rows=20_000, seed=1, buffer_mb=8)  # 8 MB of 1 KB rows: 8,192 rows
+        .map(record, name="look", mode="thread")
+        .batch(100)
+    )
+    got = []
+    with pipe:
+        for n, batch in enumerate(pipe):
+            got.append(batch["id"])
+            if n == 120:  # 12,000 rows delivered: the buffer is full
+                pipe.knobs["shuffle.buffer_mb"].set(1)
+    assert_exactly_once(np.concatenate(got), range(rows))
+    assert max(seen) <= size

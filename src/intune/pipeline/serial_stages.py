@@ -96,7 +96,8 @@ class ShuffleStage(Stage):
                 buf = self._buffer_factory(rng, self.capacity(row_bytes))
                 state["buffer"] = self._buffer = buf
             state["chunk_rows"] = max(state["chunk_rows"], rows)
-            released = buf.resize(self.capacity(state["row_bytes"]))
+            # a shrink lets rows out a chunk's worth at a time (see ShuffleBuffer.resize)
+            released = buf.resize(self.capacity(state["row_bytes"]), max_out=state["chunk_rows"])
             try:
                 released += buf.add(chunk)
             except ValueError as exc:
@@ -105,7 +106,7 @@ class ShuffleStage(Stage):
 
         def on_idle() -> list[Item]:
             buf = state["buffer"]
-            return emit(buf.resize(self.capacity(state["row_bytes"]))) if buf is not None else []
+            return emit(buf.resize(self.capacity(state["row_bytes"]), max_out=state["chunk_rows"])) if buf is not None else []
 
         def on_end() -> list[Item]:
             buf = state["buffer"]

@@ -44,7 +44,7 @@ class ShuffleBuffer:
             raise ValueError(
                 f"shuffle: chunk columns {sorted(chunk)} differ from earlier chunks' {sorted(self._buf)}"
             )
-        free = self.capacity - self.size
+        free = max(0, self.capacity - self.size)  # held above a shrunk capacity: full
         fill = min(free, rows)
         if fill:
             self._ensure(self.size + fill)
@@ -69,29 +69,34 @@ class ShuffleBuffer:
             self._buf[n][: self.size] = c[keep]
         return [out]
 
-    def resize(self, capacity: int) -> list[Chunk]:
-        """Change the capacity; if it shrinks below what is held, let random rows out.
+    def resize(self, capacity: int, max_out: int | None = None) -> list[Chunk]:
+        """Change the capacity; if it shrinks below what is held, let random rows out: all the excess,
+        or at most ``max_out`` rows per call (the rest goes at later calls; ``add`` treats a buffer held
+        above its capacity as full).
 
-        In place: the rows kept past the new capacity fill the slots of the rows let out below it, and
-        the memory past it goes back to the system. Copying the kept rows to a smaller array would hold
-        both for a moment, and a shrink happens under memory pressure (live, that copy of a nearly full
-        360 MB buffer got the job OOM-killed under a 1 GB limit).
+        In place: the rows kept past the new size fill the slots of the rows let out below it, and the
+        memory past it goes back to the system. Copying the kept rows to a smaller array would hold both
+        for a moment, and a shrink happens under memory pressure (live, that copy of a nearly full 360 MB
+        buffer got the job OOM-killed under a 1 GB limit). ``max_out`` bounds the rows let out at once:
+        they leave as one chunk, which a process worker downstream copies three or four times (live, a
+        shrink from 143 MB let out one 140 MB chunk, and the job was OOM-killed under a 1 GB limit).
         """
         capacity = max(1, capacity)
         self.capacity = capacity
         if self.size <= capacity:
             return []
-        excess = self.size - capacity
+        excess = self.size - capacity if max_out is None else min(self.size - capacity, max(1, max_out))
+        keep = self.size - excess
         slots = self._rng.choice(self.size, size=excess, replace=False)
         out = {n: c[slots] for n, c in self._buf.items()}
-        holes = slots[slots < capacity]
-        kept_past = np.ones(self.size - capacity, dtype=bool)
-        kept_past[slots[slots >= capacity] - capacity] = False
-        movers = capacity + np.flatnonzero(kept_past)
+        holes = slots[slots < keep]
+        kept_past = np.ones(self.size - keep, dtype=bool)
+        kept_past[slots[slots >= keep] - keep] = False
+        movers = keep + np.flatnonzero(kept_past)
         for c in self._buf.values():
             c[holes] = c[movers]
-        self.size = capacity
-        self._release_past(capacity)
+        self.size = keep
+        self._release_past(keep)
         return [out]
 
     def drain(self, chunk_rows: int) -> list[Chunk]:

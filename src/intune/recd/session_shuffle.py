@@ -68,10 +68,16 @@ class SessionShuffleBuffer:
             self.size += rows
         return self._release(keep_last=True) if self.size >= self.capacity else []
 
-    def resize(self, capacity: int) -> list[Chunk]:
-        """Change the capacity; a buffer now over it releases a window."""
+    def resize(self, capacity: int, max_out: int | None = None) -> list[Chunk]:
+        """Change the capacity; a buffer now over it releases a window, in chunks of at most ``max_out``
+        rows if given (a process worker downstream copies each chunk it takes several times)."""
         self.capacity = max(1, capacity)
-        return self._release(keep_last=True) if self.size > self.capacity else []
+        out = self._release(keep_last=True) if self.size > self.capacity else []
+        if not out or max_out is None:
+            return out
+        window, step = out[0], max(1, max_out)
+        n = num_rows(window)
+        return [take_rows(window, np.arange(lo, min(n, lo + step))) for lo in range(0, n, step)]
 
     def drain(self, chunk_rows: int) -> list[Chunk]:
         """The end of input: everything held, sessions shuffled, ``chunk_rows`` rows at a time."""
