@@ -181,3 +181,20 @@ def test_big_buffers_set_before_the_start_never_oom_in_the_simulator():
         ooms += obs.oom
     assert ooms == 0
     assert sim.knobs["prefetch.buffer_mb"].value * (1 << 20) < 0.85 * sim.memory_limit_bytes - 16 * (1 << 30)
+
+
+def test_the_agent_benchmark_skips_the_oom_section_at_0_episodes_and_refuses_a_negative_count(capsys):
+    from intune.agent.benchmark import main
+
+    import sys
+
+    argv = sys.argv
+    try:
+        sys.argv = ["benchmark", "--period", "3", "--held-out", "0", "--oom-episodes", "0"]
+        assert main() == 0
+        assert "tight-memory" not in capsys.readouterr().out
+        sys.argv = ["benchmark", "--oom-episodes", "-1"]
+        with pytest.raises(SystemExit, match="--oom-episodes must be >= 0"):
+            main()
+    finally:
+        sys.argv = argv

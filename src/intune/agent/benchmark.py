@@ -115,7 +115,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="shorter phases, fewer held-out specs")
     parser.add_argument("--period", type=int, default=None, help="ticks per phase (default 150, quick 60)")
     parser.add_argument("--held-out", type=int, default=None, help="held-out random specs (default 12, quick 6)")
-    parser.add_argument("--oom-episodes", type=int, default=200)
+    parser.add_argument("--oom-episodes", type=int, default=200, help="tight-memory episodes (0: skip that section)")
     parser.add_argument("--oom-ticks", type=int, default=None, help="ticks per OOM episode (default 120, quick 60)")
     parser.add_argument("--ablation", action="append", default=[], metavar="NAME=PATH",
                         help="an ablation network, e.g. global-only=PATH or pm1=PATH (repeatable)")
@@ -126,6 +126,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from intune.sim import list_workloads, load_workload, random_workload
 
+    if args.oom_episodes < 0:
+        raise SystemExit(f"--oom-episodes must be >= 0 (0 skips that section), got {args.oom_episodes}")
     period = args.period or (60 if args.quick else 150)
     n_held = args.held_out if args.held_out is not None else (6 if args.quick else 12)
     ablations = dict(a.split("=", 1) for a in args.ablation)
@@ -154,10 +156,11 @@ def run(args: argparse.Namespace) -> int:
     results += [{"section": "summary", **s} for s in summary]
 
     oom_ticks = args.oom_ticks or (60 if args.quick else 120)
-    print(f"== 4: {args.oom_episodes} tight-memory episodes of {oom_ticks} ticks ==")
-    ooms = oom_runs(args.oom_episodes, oom_ticks, ["intune", "autotune"])
-    print(format_table(ooms))
-    results += [{"section": "ooms", **r} for r in ooms]
+    if args.oom_episodes > 0:
+        print(f"== 4: {args.oom_episodes} tight-memory episodes of {oom_ticks} ticks ==")
+        ooms = oom_runs(args.oom_episodes, oom_ticks, ["intune", "autotune"])
+        print(format_table(ooms))
+        results += [{"section": "ooms", **r} for r in ooms]
 
     print("== decision time (criteo, 128 CPUs) ==")
     dt = decision_time()
