@@ -281,11 +281,19 @@ class PerKnob(torch.nn.Module):
         return q
 
 
-def test_over_allocated_a_swap_the_runner_cannot_grant_does_not_shed_a_worker_every_tick():
+def test_over_allocated_a_swap_the_runner_cannot_grant_does_not_shed_a_reader_every_tick():
     # 4 CPUs, 6 workers (after a shrink). The network moves a reader to udf every tick; the runner
     # refuses the increase and applies the decrease. Once fewer readers are measured clearly worse, the
-    # memory stops the network's moves away from the better vector
+    # memory stops the network's moves away from the better vector; the policy sheds udf's idle worker
+    # instead, and once under the CPUs moves one to read
     network = PerKnob([1, UP1, HOLD, HOLD], hold=3)  # read -1, udf +1, after 3 ticks in place
-    seen, _ = _run_busy(network, lambda s: 10_000.0 * s["read.workers"], _read_neck, {"read.workers": 3, "udf.workers": 3}, 4.0, 20)
+    seen, policy = _run_busy(network, lambda s: 10_000.0 * s["read.workers"], _read_neck, {"read.workers": 3, "udf.workers": 3}, 4.0, 20)
     assert min(r for r, _ in seen) >= 2
-    assert all(u == 3 for _, u in seen)  # the increases were never granted
+    assert seen[-1] == (3, 1) and policy.sheds >= 1
+
+
+def test_over_allocated_idle_workers_are_shed_five_at_a_time_so_the_bottleneck_can_grow():
+    # 4 CPUs after a shrink: 1 reader (the bottleneck) and 7 udf workers at 0.09 busy (6.4 idle)
+    seen, policy = _run_busy(Fixed(), lambda s: 10_000.0 * s["read.workers"], _read_neck, {"read.workers": 1, "udf.workers": 7}, 4.0, 12)
+    assert seen[0] == (1, 2)  # -5 at once
+    assert policy.sheds == 1 and seen[-1] == (2, 2)  # then a reader on the CPU that freed

@@ -121,6 +121,7 @@ class IntunePolicy:
         self._moved_once = False
         self.probes = 0  # ticks the policy tried a worker the network did not ask for
         self.swaps = 0  # ticks it moved a worker from idle workers to the bottleneck over the network's choice
+        self.sheds = 0  # ticks it took idle workers away while over-allocated, so that the bottleneck can grow
         self.reverts = 0  # ticks it stepped back towards a remembered better vector (or undid a probe)
         self._probe: tuple[Workers, Workers, bool] | None = None  # (before, after, must gain) until judged
         self._start = self._start_allocation(observation)
@@ -275,6 +276,20 @@ class IntunePolicy:
                 self.swaps += 1
                 self._probe = (current, vector(swap), False)
                 return out
+        if swap is not None and free < 0:
+            # over-allocated (after a shrink) the runner grants no worker, so the swap cannot happen: shed
+            # the donor's idle workers (5 at a time while more than 5 idle), the only way back under the
+            # CPUs (seen in the simulator: 84 UDF workers, 23 of them idle, on 64 CPUs while the decoder,
+            # at 1 worker, starved the pipeline for 130 ticks)
+            neck, donor = (k for k, _ in sorted(swap.items(), key=lambda kd: -kd[1]))
+            idle = now[donor] * (1.0 - {st.name: st.busy for st in obs.stages}.get(self.safety.knobs[donor].stage, 1.0))
+            for d in (-5, -1):
+                a = np.flatnonzero(self.safety.deltas == d)
+                if len(a) and idle >= -d + 0.5 and mask[donor, int(a[0])]:
+                    out = held.copy()
+                    out[donor] = int(a[0])
+                    self.sheds += 1
+                    return out
         best = self.memory.best()
         behind = best is not None and self.memory.is_better(best[0], current)
         if behind and network.any():
