@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from _online import fine_tune
 from intune.agent.benchmark import decision_time
 from intune.agent.features import N_FEATURES
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, load_weights
@@ -76,15 +77,7 @@ def test_decision_takes_under_a_millisecond():
 def test_online_fine_tuning_learns_without_touching_the_shipped_network():
     shipped, _ = load_weights()
     before = [p.detach().clone() for p in shipped.parameters()]
-    policy = IntunePolicy(network=shipped, online=True)
-    sim = Simulator(load_workload("criteo"), cpus=16, seed=3)
-    obs = sim.reset()
-    policy.reset(sim.knobs, obs)
-    for _ in range(80):
-        for name, value in policy.step(obs).items():
-            sim.knobs[name].set(sim.knobs[name].clamp(value))
-        obs = sim.step()
-        policy.observe(obs, 0.5)
+    policy = fine_tune(IntunePolicy(network=shipped, online=True), Simulator(load_workload("criteo"), cpus=16, seed=3), 80)
     assert all(torch.equal(a, b) for a, b in zip(before, shipped.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.q.parameters()))
     # the decisions use the fine-tuned network, not the snapshot taken at the start

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,20 +33,13 @@ def test_a_bad_learning_rate_is_refused():
 
 def test_online_learning_does_not_import_torch_dynamo():
     # building a torch.optim optimizer imports torch._dynamo: ~3 s of CPU on the live tuner's thread
-    code = """
+    code = f"""
 import sys
-import numpy as np
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from _online import fine_tune
 from intune.agent.policy import IntunePolicy
 from intune.sim import Simulator, load_workload
-policy = IntunePolicy(online=True)
-sim = Simulator(load_workload("criteo"), cpus=8, seed=0)
-obs = sim.reset()
-policy.reset(sim.knobs, obs)
-for _ in range(60):
-    for name, value in policy.step(obs).items():
-        sim.knobs[name].set(sim.knobs[name].clamp(value))
-    obs = sim.step()
-    policy.observe(obs, 0.5)
+policy = fine_tune(IntunePolicy(online=True), Simulator(load_workload("criteo"), cpus=8, seed=0), 60)
 assert policy._optimizer is not None and policy._optimizer.steps > 0, "no gradient step was taken"
 print("torch._dynamo" in sys.modules)
 """
