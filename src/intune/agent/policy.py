@@ -266,30 +266,30 @@ class IntunePolicy:
             if out is not None:
                 self.reverts += 1
                 return out
-        swap = self._idle_swap(cpu, now, obs, light)
-        if swap is not None and self._held_ticks >= self.config.dwell_ticks and self.memory.recall(vector(swap)) is None:
-            neck, donor = (k for k, _ in sorted(swap.items(), key=lambda kd: -kd[1]))
-            out = try_moves(swap)
-            if out is not None and network[list(cpu).index(neck)] <= 0 and mask[donor, up]:
-                # clear evidence, over the network's choice: the bottleneck is busy while another stage
-                # idles whole workers. Judged like a probe: undone if the memory then finds it clearly worse
-                self.swaps += 1
-                self._probe = (current, vector(swap), False)
-                return out
-        if swap is not None and free < 0:
-            # over-allocated (after a shrink) the runner grants no worker, so the swap cannot happen: shed
-            # the donor's idle workers (5 at a time while more than 5 idle), the only way back under the
-            # CPUs (seen in the simulator: 84 UDF workers, 23 of them idle, on 64 CPUs while the decoder,
-            # at 1 worker, starved the pipeline for 130 ticks)
-            neck, donor = (k for k, _ in sorted(swap.items(), key=lambda kd: -kd[1]))
-            idle = now[donor] * (1.0 - {st.name: st.busy for st in obs.stages}.get(self.safety.knobs[donor].stage, 1.0))
-            for d in (-5, -1):
-                a = np.flatnonzero(self.safety.deltas == d)
-                if len(a) and idle >= -d + 0.5 and mask[donor, int(a[0])]:
-                    out = held.copy()
-                    out[donor] = int(a[0])
-                    self.sheds += 1
+        found = self._idle_swap(cpu, now, obs, light)
+        if found is not None:
+            neck, donor, idle = found
+            swap = {neck: 1, donor: -1}
+            if self._held_ticks >= self.config.dwell_ticks and self.memory.recall(vector(swap)) is None:
+                out = try_moves(swap)
+                if out is not None and network[list(cpu).index(neck)] <= 0 and mask[donor, up]:
+                    # clear evidence, over the network's choice: the bottleneck is busy while another stage
+                    # idles whole workers. Judged like a probe: undone if the memory then finds it clearly worse
+                    self.swaps += 1
+                    self._probe = (current, vector(swap), False)
                     return out
+            if free < 0:
+                # over-allocated (after a shrink) the runner grants no worker, so the swap cannot happen:
+                # shed the donor's idle workers (5 at a time while more than 5 idle), the only way back
+                # under the CPUs (seen in the simulator: 84 UDF workers, 23 of them idle, on 64 CPUs while
+                # the decoder, at 1 worker, starved the pipeline for 130 ticks)
+                for d in (-5, -1):
+                    a = np.flatnonzero(self.safety.deltas == d)
+                    if len(a) and idle >= -d + 0.5 and mask[donor, int(a[0])]:
+                        out = held.copy()
+                        out[donor] = int(a[0])
+                        self.sheds += 1
+                        return out
         best = self.memory.best()
         behind = best is not None and self.memory.is_better(best[0], current)
         if behind and network.any():
@@ -378,9 +378,10 @@ class IntunePolicy:
                 return out
         return choice
 
-    def _idle_swap(self, cpu: np.ndarray, now: np.ndarray, obs: Observation, light: set[str]) -> dict[int, int] | None:
-        """One worker from the stage with the most idle workers (at least ``SWAP_IDLE``) to the busiest
-        stage, if that one is busy at least ``SWAP_BUSY`` of the tick and not light; else None."""
+    def _idle_swap(self, cpu: np.ndarray, now: np.ndarray, obs: Observation, light: set[str]) -> tuple[int, int, float] | None:
+        """(bottleneck, donor, the donor's idle workers): the busiest stage, if busy at least ``SWAP_BUSY``
+        of the tick and not light, and the stage with the most idle workers (workers x share of the tick
+        not busy), if at least ``SWAP_IDLE``; else None."""
         busy = {s.name: s.busy for s in obs.stages}
         stage = [self.safety.knobs[k].stage for k in range(len(self.safety.knobs))]
         neck = int(max(cpu, key=lambda k: busy.get(stage[k], 0.0)))
@@ -390,13 +391,13 @@ class IntunePolicy:
         donor = max(idle, key=idle.__getitem__, default=None)
         if donor is None or idle[donor] < SWAP_IDLE:
             return None
-        return {neck: 1, donor: -1}
+        return neck, donor, float(idle[donor])
 
     def _probes(self, cpu: np.ndarray, now: np.ndarray, free: int, light: set[str], obs: Observation) -> list[dict[int, int]]:
         """Probe moves, most promising first: one worker more on the busiest stage (from a free CPU, or
         past the CPUs if the stage is light), one moved there from the stage with the most idle workers
-        (or the next one), then one more
-        on any other busy light stage (a reader waiting on storage can be the co-bottleneck)."""
+        (or the next one), then one more on any other busy light stage (a reader waiting on storage can
+        be the co-bottleneck)."""
         busy = {s.name: s.busy for s in obs.stages}
         starved = {s.name: s.starved for s in obs.stages}
         order = [int(k) for k in sorted(cpu, key=lambda k: (-busy.get(self.safety.knobs[k].stage, 0.0), starved.get(self.safety.knobs[k].stage, 0.0)))]
