@@ -141,3 +141,26 @@ def test_buffer_steps_grow_with_the_buffer():
     values = {"a.workers": 1, "a.buffer_mb": 1536, "b.buffer_mb": 64}
     safety = SafetyLayer(_knobs(values), DELTAS)
     assert safety.units(_obs(values, cpus=4, used_gb=1, limit_gb=10, bytes_per_item=2 * MB)).tolist() == [1, 96, 4]
+
+
+def test_the_cpu_budget_choice_is_the_best_joint_choice_within_the_budget():
+    """Against brute force over every joint action (up to 4 knobs): the best summed score whose net added
+    workers fit the budget, whether the knobs' own best actions fit (the shortcut) or not (the programme)."""
+    import itertools
+
+    rng = np.random.default_rng(0)
+    for case in range(300):
+        n = int(rng.integers(1, 5))
+        values = {f"s{i}.workers": 8 for i in range(n)}
+        layer = SafetyLayer(_knobs(values), DELTAS)
+        scores = rng.normal(size=(n, len(DELTAS)))
+        scores[rng.random(scores.shape) < 0.25] = -np.inf
+        scores[:, DELTAS.index(0)] = np.where(np.isinf(scores[:, DELTAS.index(0)]), 0.0, scores[:, DELTAS.index(0)])
+        budget = int(rng.integers(0, 8))
+        best = max(
+            (combo for combo in itertools.product(range(len(DELTAS)), repeat=n) if sum(DELTAS[a] for a in combo) <= budget),
+            key=lambda combo: sum(scores[k, a] for k, a in enumerate(combo)),
+        )
+        got = layer._best_under_cpu_budget(scores, budget)
+        assert sum(DELTAS[a] for a in got) <= budget, case
+        assert np.isclose(sum(scores[k, a] for k, a in enumerate(got)), sum(scores[k, a] for k, a in enumerate(best))), case
