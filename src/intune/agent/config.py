@@ -131,13 +131,13 @@ class AgentConfig:
     """Ticks the CPU knobs hold after a move (so the new vector's throughput is measured settled)."""
 
     probe_after: int = 5
-    """Ticks the workers must have held (and the network keep holding them) before the policy tries one
-    worker more on the bottleneck stage, or moves one there from the least busy stage when no CPU is
-    free, or adds one to a busy light stage (``Observation.light_stages``: granted past the CPUs, and
-    undone unless the rate clearly rises); a vector the memory knows is not tried again while remembered
-    (0: never probe). Also, while
-    holding, it steps back towards a remembered vector clearly better than the current one. This is how
-    the agent gets out of a live state where the sim-trained network keeps holding below the optimum."""
+    """Ticks without a new worker vector (the network holding, or cycling among vectors measured
+    recently) before the policy tries one worker more on the bottleneck stage, or moves one there from
+    the stage with the most idle workers when no CPU is free, or adds one to a busy light stage
+    (``Observation.light_stages``: granted past the CPUs, and undone unless the rate clearly rises); a
+    vector the memory knows is not tried again while remembered (0: no probes, and no steering at all).
+    This is how the agent gets out of a live state where the sim-trained network keeps holding below
+    the optimum."""
 
     fill_free_cpus: int = 2
     """Free CPUs, left after the network's moves, from which the policy gives the busiest stage more

@@ -204,9 +204,11 @@ class IntunePolicy:
 
         1. undo a probe or swap once measured, if it did not pay (``_judge``);
         2. move one worker from idle workers to a busy bottleneck (``_idle_swap``), over the network;
-        3. when the network holds the workers or cycles among vectors measured recently: step back
-           towards a remembered vector clearly better than the current one, or after ``probe_after``
-           ticks without a new vector, probe one worker more on a busy stage (``_probes``).
+           over-allocated (the runner then grants no worker), shed the donor's idle workers instead;
+        3. hold the network's moves away from a remembered vector clearly better than the current one;
+        4. when the network holds the workers or cycles among vectors measured recently: step back
+           towards that better vector, or after ``probe_after`` ticks without a new vector, probe one
+           worker more on a busy stage (``_probes``).
 
         Each CPU move is one that the safety mask allows on its own, and at most one worker is added,
         only when a CPU is free, one is removed in the same tick, or it goes to a light stage (which the

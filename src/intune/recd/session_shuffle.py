@@ -73,20 +73,12 @@ class SessionShuffleBuffer:
         rows if given (a process worker downstream copies each chunk it takes several times)."""
         self.capacity = max(1, capacity)
         out = self._release(keep_last=True) if self.size > self.capacity else []
-        if not out or max_out is None:
-            return out
-        window, step = out[0], max(1, max_out)
-        n = num_rows(window)
-        return [take_rows(window, np.arange(lo, min(n, lo + step))) for lo in range(0, n, step)]
+        return _pieces(out[0], max_out) if out and max_out is not None else out
 
     def drain(self, chunk_rows: int) -> list[Chunk]:
         """The end of input: everything held, sessions shuffled, ``chunk_rows`` rows at a time."""
         out = self._release(keep_last=False)
-        if not out:
-            return []
-        window, step = out[0], max(1, chunk_rows)
-        n = num_rows(window)
-        return [take_rows(window, np.arange(lo, min(n, lo + step))) for lo in range(0, n, step)]
+        return _pieces(out[0], chunk_rows) if out else []
 
     def _release(self, keep_last: bool) -> list[Chunk]:
         if not self.size:
@@ -118,3 +110,9 @@ def shuffle_sessions(
     for chunk in chunks:
         yield from buffer.add(chunk)
     yield from buffer.drain(max(1, buffer.size))
+
+
+def _pieces(window: Chunk, rows: int) -> list[Chunk]:
+    """``window`` cut, in order, into chunks of at most ``rows`` rows."""
+    n, step = num_rows(window), max(1, rows)
+    return [take_rows(window, np.arange(lo, min(n, lo + step))) for lo in range(0, n, step)]
