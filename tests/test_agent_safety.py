@@ -73,6 +73,30 @@ def test_past_the_memory_margin_buffers_must_shrink_and_nothing_grows():
     assert mask[1].tolist() == [True, True, False, False, False]  # the buffer: only -5 or -1
 
 
+def test_a_base_past_the_margin_still_lets_workers_grow_a_step_under_the_ceiling():
+    # 84 GB of a 100 GB limit used outside any buffer: no buffer cut reaches the 0.8 margin, so workers may
+    # still grow (each priced at most PROBE_WORKER_BYTES until measured) while under WORKER_CEILING (0.9);
+    # the buffer still may only shrink
+    values = {"a.workers": 1, "a.buffer_mb": 1, "b.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    up = np.array(DELTAS) > 0
+    mask = safety.mask(_obs(values, cpus=64, used_gb=84.0, limit_gb=100.0))
+    assert mask[0].tolist() == [False, False, True, True, False]  # +1 only: +5 is priced 5 x 42 GB until measured
+    assert mask[2].tolist() == [False, False, True, True, False]
+    assert not mask[1, up].any()  # the buffer
+    # at the ceiling nothing grows, and neither after an OOM
+    assert not SafetyLayer(_knobs(values), DELTAS, margin=0.8).mask(_obs(values, cpus=64, used_gb=89.8, limit_gb=100.0))[:, up].any()
+    oom = _obs(values, cpus=64, used_gb=84.0, limit_gb=100.0)
+    oom = Observation(oom.tick, oom.dt_s, oom.throughput, oom.step_time_s, oom.cpus, oom.memory_used_bytes,
+                      oom.memory_limit_bytes, oom.stages, oom=True)
+    assert not SafetyLayer(_knobs(values), DELTAS, margin=0.8).mask(oom)[:, up].any()
+    # memory past the margin because a buffer holds it is not that case: the buffer must shrink first
+    held = {"a.workers": 1, "a.buffer_mb": 20 * 1024, "b.workers": 1}
+    mask = SafetyLayer(_knobs(held), DELTAS, margin=0.8).mask(
+        _obs(held, cpus=64, used_gb=84.0, limit_gb=100.0, buffered={"a": 20.0 * GB}))
+    assert not mask[:, up].any()
+
+
 def test_buffer_steps_are_one_item_and_respect_the_memory_budget():
     values = {"a.workers": 1, "a.buffer_mb": 40}
     knobs = _knobs(values)

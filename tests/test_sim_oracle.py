@@ -1,14 +1,15 @@
 """The oracle's search equals exhaustive search on small cases, and runs as a policy."""
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
-from intune.observation import MEMORY_SAFE_FRACTION
+from intune.observation import MEMORY_SAFE_FRACTION, memory_factor
 from intune.policies import even_split
 from intune.sim import Simulator, model, paper_schedule, random_workload, run_episode, spec_from_dict
-from intune.sim.oracle import Bounds, OraclePolicy, optimal_allocation
+from intune.sim.oracle import Bounds, OraclePolicy, optimal_allocation, reward_optimal_allocation
 
 
 def _brute_force(p, cpus, bounds, budget):
@@ -76,6 +77,41 @@ def test_oracle_equals_exhaustive_search(case):
     expected = _brute_force(p, cpus, bounds, budget)
     assert t == pytest.approx(expected, rel=1e-9)
     assert sum(w) <= max(cpus, n) and model.worst_case_memory(p, w, b) <= budget or expected == 0.0
+    assert model.throughput(p, w, b, cpus) == pytest.approx(t)
+
+
+def _brute_force_reward(p, cpus, bounds):
+    """The most rows/s x memory factor (of worst-case memory) of any allocation that cannot OOM."""
+    cap = max(cpus, int(bounds.w_min.sum()))
+    best = 0.0
+    w_ranges = [range(bounds.w_min[i], bounds.w_max[i] + 1) for i in range(p.n_stages)]
+    b_ranges = [range(bounds.b_min[i], bounds.b_max[i] + 1) if p.has_buffer[i] else [0] for i in range(p.n_stages)]
+    for w in itertools.product(*w_ranges):
+        if sum(w) > cap:
+            continue
+        for b in itertools.product(*b_ranges):
+            mem = model.worst_case_memory(p, w, b)
+            if mem < p.limit_bytes:
+                best = max(best, model.throughput(p, w, b, cpus) * memory_factor(mem / p.limit_bytes))
+    return best
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_the_oracle_maximises_what_the_reward_pays_when_memory_binds(case):
+    # a base that takes most of the limit: more workers are worth some of the memory factor
+    rng = np.random.default_rng(100 + case)
+    n = int(rng.integers(1, 4))
+    p = model.params_from_spec(_small_spec(rng, n))
+    cpus = int(rng.integers(max(1, n - 1), 9))
+    bounds = Bounds(np.ones(n, int), np.full(n, 6), np.ones(n, int), np.full(n, 6))
+    least = model.worst_case_memory(p, bounds.w_min, np.where(p.has_buffer, bounds.b_min, 0))
+    p = dataclasses.replace(p, limit_bytes=least / rng.uniform(0.72, 0.84))
+    w, b, t = reward_optimal_allocation(p, cpus, bounds)
+    mem = model.worst_case_memory(p, w, b)
+    paid = t * memory_factor(mem / p.limit_bytes)
+    assert paid >= 0.99 * _brute_force_reward(p, cpus, bounds)
+    safe = optimal_allocation(p, cpus, bounds)
+    assert paid >= safe[2] * memory_factor(model.worst_case_memory(p, safe[0], safe[1]) / p.limit_bytes) * (1 - 1e-9)
     assert model.throughput(p, w, b, cpus) == pytest.approx(t)
 
 

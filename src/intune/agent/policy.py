@@ -480,7 +480,7 @@ class IntunePolicy:
             if v < values[n]:
                 wanted[n] = min(int(wanted.get(n, v)), v)
         after = {n: int(wanted.get(n, v)) if self.knobs[n].unit == "mb" else v for n, v in values.items()}
-        budget = self.safety.memory_budget(obs, list(after.values()))
+        budget = self.safety.worker_budget(obs, list(after.values()))
         per_worker = self.safety.worker_memory_bytes(obs)
         growth = sum(max(0, int(v) - values[n]) for n, v in wanted.items() if self.knobs[n].unit == "cpu")
         if growth and per_worker > 0 and growth * per_worker > budget:

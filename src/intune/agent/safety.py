@@ -28,6 +28,9 @@ from intune.observation import Observation
 
 MB = 1 << 20
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
+# where workers may still grow when memory that no buffer cut can free is already past the margin: past
+# where the reward starts to fall (0.85), short of an OOM (1.0)
+WORKER_CEILING = 0.9
 
 
 class SafetyLayer:
@@ -119,6 +122,30 @@ class SafetyLayer:
             return float("inf")
         return self.margin * obs.memory_limit_bytes - self.worst_case_memory(obs, values)
 
+    def worker_budget(self, obs: Observation, values: Sequence[int], budget: float | None = None) -> float:
+        """Bytes that added workers may take: ``memory_budget``, unless memory that no buffer cut can free
+        (what is used outside the buffers, plus each buffer at its minimum) is itself past the margin.
+
+        Then the margin cannot be reached whatever the agent does, and holding every stage at its
+        minimum would forfeit the job's throughput to keep a promise already broken by the job's own
+        base memory (a 16 GB model state under an 18 GB limit): workers may then grow, a step at a
+        time as their measured cost allows, while the projection stays under ``WORKER_CEILING``.
+        After an OOM nothing may grow.
+        """
+        if budget is None:
+            budget = self.memory_budget(obs, values)
+        if obs.oom:
+            return -np.inf
+        if obs.memory_limit_bytes <= 0 or budget >= 0:
+            return budget
+        mb = np.flatnonzero(~self._is_cpu)
+        buffered = {s.name: s.buffered_bytes for s in obs.stages}
+        held = np.array([buffered.get(self._stages[k], 0.0) for k in mb])
+        floor = obs.memory_used_bytes - float(np.maximum(held - self._lo[mb, 0] * float(MB), 0.0).sum())
+        if floor <= self.margin * obs.memory_limit_bytes:
+            return budget
+        return WORKER_CEILING * obs.memory_limit_bytes - self.worst_case_memory(obs, values)
+
     def trim(self, obs: Observation, values: Sequence[int]) -> np.ndarray:
         """Knob values with every buffer cut, if need be, so that memory fits under the margin.
 
@@ -192,6 +219,7 @@ class SafetyLayer:
 
         free_cpus = int(np.floor(obs.free_cpus + 1e-9))
         budget = self.memory_budget(obs, values)
+        room = np.where(self._is_cpu, self.worker_budget(obs, values, budget), budget)[:, None]
         per_worker = self.worker_memory_bytes(obs)
         cost = step * np.where(self._is_cpu, per_worker, float(MB))[:, None]
         probe = self._is_cpu[:, None] & (step == 1)  # one +1 per tick is priced at most PROBE_WORKER_BYTES
@@ -199,10 +227,10 @@ class SafetyLayer:
         # a worker may be added if the free CPUs, plus what the other stages could give up this tick, allow it
         movable = np.minimum(v[:, 0] - lo[:, 0], int(-self.deltas.min())) * self._is_cpu
         cpu_ok = ~self._is_cpu[:, None] | (step <= max(free_cpus, 0) + (movable.sum() - movable)[:, None])
-        allowed &= ~up | (cpu_ok & (cost <= budget))
+        allowed &= ~up | (cpu_ok & (cost <= room))
 
-        if self._past_margin(obs, budget):  # only shrinking buffers (or holding) is allowed
-            allowed &= ~up
+        if self._past_margin(obs, budget):  # only shrinking buffers (or holding), and what ``room`` let workers do
+            allowed &= ~up | self._is_cpu[:, None]
             down = self.deltas < 0
             for k in np.flatnonzero(~self._is_cpu):
                 if allowed[k, down].any():
@@ -219,8 +247,7 @@ class SafetyLayer:
         CPUs aside: for a light stage's worker, which the runner grants past the CPUs."""
         if not self._is_cpu[k] or values[k] + 1 > self.knobs[k].max:
             return False
-        budget = self.memory_budget(obs, values)
-        return not self._past_margin(obs, budget) and min(self.worker_memory_bytes(obs), PROBE_WORKER_BYTES) <= budget
+        return min(self.worker_memory_bytes(obs), PROBE_WORKER_BYTES) <= self.worker_budget(obs, values)
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:
@@ -241,7 +268,7 @@ class SafetyLayer:
             budget = max(int(np.floor(obs.free_cpus + 1e-9)), 0)
             choice[cpu] = self._best_under_cpu_budget(masked[cpu], budget)
 
-        mem_budget = self.memory_budget(obs, values)
+        mem_budget = self.worker_budget(obs, values)  # buffers past the margin may only shrink (the mask)
         per_worker = self.worker_memory_bytes(obs)
         moves = self.deltas[choice] * unit
         mem_budget -= float(moves[~self._is_cpu & (moves < 0)].sum()) * MB  # shrinking buffers frees memory
