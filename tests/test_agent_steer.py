@@ -297,3 +297,14 @@ def test_over_allocated_idle_workers_are_shed_five_at_a_time_so_the_bottleneck_c
     seen, policy = _run_busy(Fixed(), lambda s: 10_000.0 * s["read.workers"], _read_neck, {"read.workers": 1, "udf.workers": 7}, 4.0, 12)
     assert seen[0] == (1, 2)  # -5 at once
     assert policy.sheds == 1 and seen[-1] == (2, 2)  # then a reader on the CPU that freed
+
+
+def test_the_network_cannot_take_a_worker_off_the_busy_bottleneck_nor_spend_it():
+    # 6 CPUs, none free: read (busy all the tick) is the bottleneck. The network moves a reader to udf
+    # every tick: the -1 is held unless the memory knows the result to be better, and the +1 it paid for
+    # is held too (the runner would refuse it), so the workers stay and no tick counts as a new vector
+    network = PerKnob([1, UP1, HOLD, HOLD])
+    seen, policy = _run_busy(network, lambda s: 10_000.0 * s["read.workers"], _read_neck, {"read.workers": 3, "udf.workers": 3}, 6.0, 10)
+    assert all(r >= 3 for r, _ in seen) and all(r + u <= 6 for r, u in seen)
+    assert policy.neck_holds >= 5
+

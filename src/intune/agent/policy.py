@@ -122,6 +122,7 @@ class IntunePolicy:
         self.probes = 0  # ticks the policy tried a worker the network did not ask for
         self.swaps = 0  # ticks it moved a worker from idle workers to the bottleneck over the network's choice
         self.sheds = 0  # ticks it took idle workers away while over-allocated, so that the bottleneck can grow
+        self.neck_holds = 0  # ticks it kept the network from taking a worker off the busy bottleneck
         self.reverts = 0  # ticks it stepped back towards a remembered better vector (or undid a probe)
         self._probe: tuple[Workers, Workers, bool] | None = None  # (before, after, must gain) until judged
         self._start = self._start_allocation(observation)
@@ -205,7 +206,9 @@ class IntunePolicy:
         1. undo a probe or swap once measured, if it did not pay (``_judge``);
         2. move one worker from idle workers to a busy bottleneck (``_idle_swap``), over the network;
            over-allocated (the runner then grants no worker), shed the donor's idle workers instead;
-        3. hold the network's moves away from a remembered vector clearly better than the current one;
+        3. hold the network's move of a worker off the busy bottleneck (and what that worker would have
+           paid for), unless the memory knows the result to be clearly better; then hold its moves away
+           from a remembered vector clearly better than the current one;
         4. when the network holds the workers or cycles among vectors measured recently: step back
            towards that better vector, or after ``probe_after`` ticks without a new vector, probe one
            worker more on a busy stage (``_probes``).
@@ -292,6 +295,21 @@ class IntunePolicy:
                         out[donor] = int(a[0])
                         self.sheds += 1
                         return out
+        neck = self._busy_neck(cpu, obs, light)
+        if neck is not None and free >= 0 and network[list(cpu).index(neck)] < 0:
+            after = tuple((now[cpu] + network).tolist())
+            if not self.memory.is_better(after, current):
+                # the network takes a worker from the busy bottleneck: held, unless the memory knows the
+                # result to be clearly better (seen in the simulator: production's UDF, 0.94 busy and 2
+                # workers short, lost workers to idle stages every few ticks and the swaps brought them back,
+                # so a whole phase stayed under 95% of the optimum). Over-allocated, the runner needs it.
+                choice = choice.copy()
+                choice[neck] = self.safety.zero
+                network = self.safety.moves(choice, obs)[self._is_cpu]
+                if network.sum() > free:  # what that worker paid for is held too: the runner would refuse it
+                    choice[cpu[network > 0]] = self.safety.zero
+                    network = self.safety.moves(choice, obs)[self._is_cpu]
+                self.neck_holds += 1
         best = self.memory.best()
         behind = best is not None and self.memory.is_better(best[0], current)
         if behind and network.any():
@@ -380,15 +398,22 @@ class IntunePolicy:
                 return out
         return choice
 
+    def _busy_neck(self, cpu: np.ndarray, obs: Observation, light: set[str]) -> int | None:
+        """The busiest stage's CPU knob, if busy at least ``SWAP_BUSY`` of the tick and not light; else None."""
+        busy = {s.name: s.busy for s in obs.stages}
+        neck = int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
+        stage = self.safety.knobs[neck].stage
+        return None if busy.get(stage, 0.0) < SWAP_BUSY or stage in light else neck
+
     def _idle_swap(self, cpu: np.ndarray, now: np.ndarray, obs: Observation, light: set[str]) -> tuple[int, int, float] | None:
         """(bottleneck, donor, the donor's idle workers): the busiest stage, if busy at least ``SWAP_BUSY``
         of the tick and not light, and the stage with the most idle workers (workers x share of the tick
         not busy), if at least ``SWAP_IDLE``; else None."""
+        neck = self._busy_neck(cpu, obs, light)
+        if neck is None:
+            return None
         busy = {s.name: s.busy for s in obs.stages}
         stage = [self.safety.knobs[k].stage for k in range(len(self.safety.knobs))]
-        neck = int(max(cpu, key=lambda k: busy.get(stage[k], 0.0)))
-        if busy.get(stage[neck], 0.0) < SWAP_BUSY or stage[neck] in light:
-            return None
         idle = {int(k): now[k] * (1.0 - busy.get(stage[k], 1.0)) for k in cpu if k != neck and now[k] > self.safety.knobs[k].min}
         donor = max(idle, key=idle.__getitem__, default=None)
         if donor is None or idle[donor] < SWAP_IDLE:
