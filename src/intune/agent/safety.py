@@ -3,7 +3,9 @@
 Exploration must never crash the job, so every action (greedy or random, pretraining or live) passes
 through here. ``mask`` forbids, per knob, moves out of bounds, worker increases beyond the free CPUs
 or whose workers' memory would push projected memory past ``margin`` of the limit, buffer increases
-past that margin, and anything but shrinking buffers while memory is already past it. ``select``
+past that margin, and anything but shrinking buffers while memory is already past it (workers may
+still grow under ``WORKER_CEILING`` when the job's own base memory, not its buffers, put it there:
+``worker_budget``). ``select``
 then resolves the knobs jointly (decreases first, then increases in order of preference while the
 CPUs and memory last). ``trim`` goes further than masking: when memory, or what the buffers may hold
 once full, is past the margin, it gives every buffer knob a smaller value that fits, in one tick,
