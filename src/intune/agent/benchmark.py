@@ -115,6 +115,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="shorter phases, fewer held-out specs")
     parser.add_argument("--period", type=int, default=None, help="ticks per phase (default 150, quick 60)")
     parser.add_argument("--held-out", type=int, default=None, help="held-out random specs (default 12, quick 6)")
+    parser.add_argument("--held-out-seed", type=int, default=HELD_OUT_SEED,
+                        help=f"seed of the held-out specs (default {HELD_OUT_SEED}; pretraining never draws it)")
     parser.add_argument("--oom-episodes", type=int, default=200, help="tight-memory episodes (0: skip that section)")
     parser.add_argument("--oom-ticks", type=int, default=None, help="ticks per OOM episode (default 120, quick 60)")
     parser.add_argument("--ablation", action="append", default=[], metavar="NAME=PATH",
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
 
     shipped = [load_workload(n) for n in list_workloads() if n != "ladder"]
-    rng = np.random.default_rng(HELD_OUT_SEED)
+    rng = np.random.default_rng(args.held_out_seed)
     held_out = [random_workload(rng, name=f"held-out-{i}") for i in range(n_held)]
     results: list[dict[str, Any]] = []
 
@@ -168,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     results.append({"section": "decision_time", **dt})
     print(f"done in {time.time() - started:.0f}s")
     if args.json:
-        print(f"wrote {write_json(args.json, results, period_ticks=period, held_out_seed=HELD_OUT_SEED)}")
+        print(f"wrote {write_json(args.json, results, period_ticks=period, held_out_seed=args.held_out_seed)}")
     return 0
 
 
