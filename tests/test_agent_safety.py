@@ -188,3 +188,22 @@ def test_the_cpu_budget_choice_is_the_best_joint_choice_within_the_budget():
         got = layer._best_under_cpu_budget(scores, budget)
         assert sum(DELTAS[a] for a in got) <= budget, case
         assert np.isclose(sum(scores[k, a] for k, a in enumerate(got)), sum(scores[k, a] for k, a in enumerate(best))), case
+
+
+def test_a_stage_whose_workers_never_moved_cannot_jump_five_on_the_other_stages_price():
+    # a's workers were seen to cost 60 MB each (8 moves of +5); b's never moved (live: perhaps a process
+    # worker of 250 MB or more). With 1.5 GB of room, +5 on b (priced PROBE_WORKER_BYTES a worker) does not
+    # fit; +5 on a, at its measured price, does, and so does +1 on b
+    values = {"a.workers": 1, "b.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    used = 10.0
+    for _ in range(8):
+        safety.mask(_obs(values, cpus=256, used_gb=used, limit_gb=17.4))
+        values["a.workers"] += 5
+        used += 5 * 60 / 1024
+    obs = _obs(values, cpus=256, used_gb=used, limit_gb=17.4)
+    mask = safety.mask(obs)
+    assert mask[0].tolist() == [True, True, True, True, True]  # a: +5 fits at its measured price
+    assert mask[1].tolist() == [False, False, True, True, False]  # b: +1 only
+    prices = safety.stage_worker_bytes(obs)
+    assert prices[1] == 512 * MB and prices[0] < 0.25 * prices[1]
