@@ -16,8 +16,9 @@ Memory is projected pessimistically: every buffer full to its knob's size, and e
 costing an upper confidence bound of what workers were seen to cost (see ``worker_memory_bytes``);
 until a change has been seen, the memory outside buffers divided by the workers (an upper bound, since
 it includes the base). A move of several workers is priced at its own stage's bound, never less
-(``stage_worker_bytes``): ``PROBE_WORKER_BYTES`` a worker until that stage's workers have moved. Whatever the estimate, one +1 worker per tick may be priced at
-``PROBE_WORKER_BYTES``: each such probe sharpens the estimate, so a tight start never deadlocks.
+(``stage_worker_bytes``): ``PROBE_WORKER_BYTES`` a worker until that stage's workers have moved.
+Whatever the estimate, one +1 worker per tick may be priced at ``PROBE_WORKER_BYTES``: each such
+probe sharpens the estimate, so a tight start never deadlocks.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ class SafetyLayer:
         self._stages = [k.stage for k in self.knobs]
         self._lo = np.array([k.min for k in self.knobs])[:, None]
         self._hi = np.array([k.max for k in self.knobs])[:, None]
-        self._last_point: tuple[int, float] | None = None
         self._changes: list[tuple[int, float]] = []  # (change of workers, change of memory outside buffers)
         self._still: list[float] = []  # change of memory outside buffers on ticks the workers held
         self._cpu = np.flatnonzero(self._is_cpu)
-        self._last_vector: np.ndarray | None = None  # workers per CPU knob's stage, last tick
+        # last tick: workers per CPU knob's stage, and memory outside buffers
+        self._last_point: tuple[np.ndarray, float] | None = None
         # (change of workers per CPU knob, change of memory outside buffers) on ticks any of them moved
         self._stage_changes: list[tuple[np.ndarray, float]] = []
         # one tick asks for the step units and a worker's cost several times: computed once per observation
@@ -71,22 +72,21 @@ class SafetyLayer:
         self._worker_bytes = None
         self._stage_bytes = None
         if obs.oom or obs.throughput <= 0:
-            self._last_point = self._last_vector = None
+            self._last_point = None
             return
-        workers = sum(s.workers for s in obs.stages)
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
         by_stage = {s.name: s.workers for s in obs.stages}
         vector = np.array([by_stage.get(self._stages[k], 0) for k in self._cpu], dtype=float)
         if self._last_point is not None:
-            dw, dm = workers - self._last_point[0], outside - self._last_point[1]
+            moved, dm = vector - self._last_point[0], outside - self._last_point[1]
+            dw = int(moved.sum())
             if dw:
                 self._changes = [*self._changes[-31:], (dw, dm)]
             else:
                 self._still = [*self._still[-31:], dm]
-            if self._last_vector is not None and (vector != self._last_vector).any():
-                self._stage_changes = [*self._stage_changes[-31:], (vector - self._last_vector, dm)]
-        self._last_point = (workers, outside)
-        self._last_vector = vector
+            if moved.any():
+                self._stage_changes = [*self._stage_changes[-31:], (moved, dm)]
+        self._last_point = (vector, outside)
 
     @property
     def knows_worker_cost(self) -> bool:
