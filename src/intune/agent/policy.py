@@ -271,9 +271,10 @@ class IntunePolicy:
             if out is not None:
                 self.reverts += 1
                 return out
-        found = self._idle_swap(cpu, now, obs, light)
+        neck = self._busy_neck(cpu, obs, light)
+        found = self._idle_swap(cpu, now, obs, neck)
         if found is not None:
-            neck, donor, idle = found
+            donor, idle = found
             swap = {neck: 1, donor: -1}
             if self._held_ticks >= self.config.dwell_ticks and self.memory.recall(vector(swap)) is None:
                 out = try_moves(swap)
@@ -295,7 +296,6 @@ class IntunePolicy:
                         out[donor] = int(a[0])
                         self.sheds += 1
                         return out
-        neck = self._busy_neck(cpu, obs, light)
         if neck is not None and free >= 0 and network[list(cpu).index(neck)] < 0:
             after = tuple((now[cpu] + network).tolist())
             if not self.memory.is_better(after, current):
@@ -405,11 +405,10 @@ class IntunePolicy:
         stage = self.safety.knobs[neck].stage
         return None if busy.get(stage, 0.0) < SWAP_BUSY or stage in light else neck
 
-    def _idle_swap(self, cpu: np.ndarray, now: np.ndarray, obs: Observation, light: set[str]) -> tuple[int, int, float] | None:
-        """(bottleneck, donor, the donor's idle workers): the busiest stage, if busy at least ``SWAP_BUSY``
-        of the tick and not light, and the stage with the most idle workers (workers x share of the tick
-        not busy), if at least ``SWAP_IDLE``; else None."""
-        neck = self._busy_neck(cpu, obs, light)
+    def _idle_swap(self, cpu: np.ndarray, now: np.ndarray, obs: Observation, neck: int | None) -> tuple[int, float] | None:
+        """(donor, the donor's idle workers) for a worker to the busy bottleneck ``neck`` (``_busy_neck``):
+        the stage with the most idle workers (workers x share of the tick not busy), if at least
+        ``SWAP_IDLE``; else None."""
         if neck is None:
             return None
         busy = {s.name: s.busy for s in obs.stages}
@@ -418,7 +417,7 @@ class IntunePolicy:
         donor = max(idle, key=idle.__getitem__, default=None)
         if donor is None or idle[donor] < SWAP_IDLE:
             return None
-        return neck, donor, float(idle[donor])
+        return donor, float(idle[donor])
 
     def _probes(self, cpu: np.ndarray, now: np.ndarray, free: int, light: set[str], obs: Observation) -> list[dict[int, int]]:
         """Probe moves, most promising first: one worker more on the busiest stage (from a free CPU, or
