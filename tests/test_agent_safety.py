@@ -207,3 +207,26 @@ def test_a_stage_whose_workers_never_moved_cannot_jump_five_on_the_other_stages_
     assert mask[1].tolist() == [False, False, True, True, False]  # b: +1 only
     prices = safety.stage_worker_bytes(obs)
     assert prices[1] == 512 * MB and prices[0] < 0.25 * prices[1]
+
+
+def test_a_worker_behind_a_large_noisy_base_is_priced_from_the_ramp_of_levels():
+    # 30 GB of base whose reading moves by ~2% (0.6 GB) a tick hides a 150 MB worker from tick-to-tick
+    # changes; twelve ticks of one +1 each measure it on the levels: the price falls well under the plain
+    # bound (memory / workers, ~2.5 GB) and stays above the true cost
+    rng = np.random.default_rng(3)
+    values = {"a.workers": 2, "b.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    obs = None
+    for _ in range(12):
+        used = (30 * GB + 150 * MB * (values["a.workers"] + values["b.workers"])) * (1 + 0.02 * rng.standard_normal())
+        obs = _obs(values, cpus=64, used_gb=used / GB, limit_gb=52)
+        safety.mask(obs)
+        values["a.workers"] += 1
+    price = safety.worker_memory_bytes(obs)
+    assert 150 * MB < price < 0.5 * obs.memory_used_bytes / 14
+    # without the ramp (the same workers throughout) nothing is learnt: the plain bound
+    still = SafetyLayer(_knobs({"a.workers": 8, "b.workers": 6}), DELTAS, margin=0.8)
+    for _ in range(12):
+        obs = _obs({"a.workers": 8, "b.workers": 6}, cpus=64, used_gb=32.1 * (1 + 0.02 * rng.standard_normal()), limit_gb=52)
+        still.mask(obs)
+    assert still.worker_memory_bytes(obs) == obs.memory_used_bytes / 14

@@ -35,6 +35,8 @@ PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a
 # where workers may still grow when memory that no buffer cut can free is already past the margin: past
 # where the reward starts to fall (0.85), short of an OOM (1.0)
 WORKER_CEILING = 0.9
+LEVEL_TICKS = 32  # recent ticks whose (workers, memory) levels fit what a worker costs
+LEVEL_MIN_POINTS = 6  # ... and the fewest that may
 
 
 class SafetyLayer:
@@ -55,6 +57,7 @@ class SafetyLayer:
         self._hi = np.array([k.max for k in self.knobs])[:, None]
         self._changes: list[tuple[int, float]] = []  # (change of workers, change of memory outside buffers)
         self._still: list[float] = []  # change of memory outside buffers on ticks the workers held
+        self._levels: list[tuple[int, float]] = []  # (workers, memory outside buffers) on recent ticks
         self._cpu = np.flatnonzero(self._is_cpu)
         # last tick: workers per CPU knob's stage, and memory outside buffers
         self._last_point: tuple[np.ndarray, float] | None = None
@@ -73,8 +76,11 @@ class SafetyLayer:
         self._stage_bytes = None
         if obs.oom or obs.throughput <= 0:
             self._last_point = None
+            if obs.oom:
+                self._levels = []  # a restarted job's base may differ
             return
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
+        self._levels = [*self._levels[-(LEVEL_TICKS - 1):], (sum(s.workers for s in obs.stages), outside)]
         by_stage = {s.name: s.workers for s in obs.stages}
         vector = np.array([by_stage.get(self._stages[k], 0) for k in self._cpu], dtype=float)
         if self._last_point is not None:
@@ -111,6 +117,9 @@ class SafetyLayer:
         workers = sum(s.workers for s in obs.stages)
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
         upper = max(0.0, outside) / max(workers, 1)
+        level = self._level_slope(obs)
+        if level is not None:
+            upper = min(upper, level)
         if not self._changes:
             return upper
         dw = np.array([c[0] for c in self._changes], dtype=float)
@@ -120,6 +129,32 @@ class SafetyLayer:
         if slope - error <= 0:  # not measured well enough to be trusted: the plain upper bound
             return upper
         return float(min(upper, slope + error))
+
+    def _level_slope(self, obs: Observation) -> float | None:
+        """Upper confidence bound of the slope of memory outside buffers over the worker count, fitted
+        (with an intercept, the base) on the levels of the last ``LEVEL_TICKS`` ticks; None unless
+        clearly above zero.
+
+        The change-based fit uses each reading twice and, with one +1 a tick, only the first and last
+        readings carry the slope: behind a 30 GB base whose reading moves 0.6 GB a tick, a 0.15 GB
+        worker stays unmeasured for dozens of ticks (the simulator's production under 48 GB grew one
+        worker a tick for 9 ticks with 27 CPUs free). Fitted on levels, the ramp itself measures it.
+        The error uses the fit's residuals, never less than the memory reading's noise.
+        """
+        n = len(self._levels)
+        if n < LEVEL_MIN_POINTS:
+            return None
+        w = np.array([p[0] for p in self._levels], dtype=float)
+        m = np.array([p[1] for p in self._levels])
+        w -= w.mean()
+        sxx = float(np.dot(w, w))
+        if sxx <= 0:
+            return None
+        slope = float(np.dot(w, m) / sxx)
+        residual = m - m.mean() - slope * w
+        sigma = max(float(np.sqrt(np.dot(residual, residual) / (n - 2))), self._noise(obs) / np.sqrt(2.0))
+        error = 2.0 * sigma / np.sqrt(sxx)
+        return slope + error if slope - error > 0 else None
 
     def _noise(self, obs: Observation) -> float:
         """The memory reading's noise on a tick-to-tick change: measured on ticks the workers held, at
