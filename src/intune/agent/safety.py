@@ -15,7 +15,7 @@ while it fills). It must not learn or score actions itself.
 Memory is projected pessimistically: every buffer full to its knob's size, and each added worker
 costing an upper confidence bound of what workers were seen to cost (see ``worker_memory_bytes``);
 until a change has been seen, the memory outside buffers divided by the workers (an upper bound, since
-it includes the base). A move of several workers is priced at its own stage's bound, never less
+it includes the base), or the bound fitted on recent levels of memory over workers if lower. A move of several workers is priced at its own stage's bound, never less
 (``stage_worker_bytes``): ``PROBE_WORKER_BYTES`` a worker until that stage's workers have moved.
 Whatever the estimate, one +1 worker per tick may be priced at ``PROBE_WORKER_BYTES``: each such
 probe sharpens the estimate, so a tight start never deadlocks.
@@ -104,8 +104,9 @@ class SafetyLayer:
         The slope is the least-squares fit through the origin of the recent (change of workers, change
         of memory outside buffers) pairs; two standard errors are added (the error from the memory
         reading's noise, measured on ticks where the workers did not change, at least 2% of the use),
-        and the result is capped by the plain upper bound (memory outside buffers / workers). A slope
-        not clearly above zero (slope - 2 errors <= 0) is not trusted: then the plain upper bound.
+        and the result is capped by the plain upper bound (memory outside buffers / workers) and by the
+        bound fitted on levels (``_level_slope``). A slope not clearly above zero (slope - 2 errors <= 0)
+        is not trusted: then the lower of those two bounds.
         """
         if self._worker_bytes is not None and self._worker_bytes[0] is obs:
             return self._worker_bytes[1]
