@@ -166,6 +166,15 @@ def test_an_expired_memory_does_not_take_a_worker_off_a_busy_bottleneck():
     assert policy.neck_holds > 0
 
 
+def test_the_best_vector_can_be_limited_to_those_the_runner_can_grant_again():
+    memory = AllocationMemory(ticks=30, tolerance=0.05)
+    for workers, rate in [((3, 3), 45.0), ((3, 3), 45.0), ((3, 1), 35.0), ((3, 1), 35.0), ((2, 2), 30.0), ((2, 2), 30.0)]:
+        memory.observe(4.0, workers, rate)
+    assert memory.best()[0] == (3, 3)  # read over-allocated after a shrink: 6 workers on 4 CPUs
+    assert memory.best(4)[0] == (3, 1)
+    assert memory.best(3) is None
+
+
 def test_a_clear_change_at_the_same_workers_forgets_the_other_vectors():
     memory = AllocationMemory(ticks=100, tolerance=0.05, drift=0.25)
     memory.observe(2.0, (1, 1), 75.0)

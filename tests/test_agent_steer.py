@@ -308,3 +308,35 @@ def test_the_network_cannot_take_a_worker_off_the_busy_bottleneck_nor_spend_it()
     assert all(r >= 3 for r, _ in seen) and all(r + u <= 6 for r, u in seen)
     assert policy.neck_holds >= 5
 
+
+
+def test_over_allocated_readings_do_not_stop_a_step_back_to_a_better_vector_within_the_cpus():
+    # 4 CPUs, none free, at read 2 / udf 2 (30k rows/s). Remembered: 3 / 3 (45k, 6 workers: read while
+    # over-allocated after a shrink, never granted again) and 3 / 1 (35k, within the CPUs). A step towards
+    # 3 / 3 needs a free CPU and never comes; the policy steps back to 3 / 1 instead (in the simulator it
+    # sat 110 ticks at 0.73-0.9 of the optimum until the over-allocated reading expired)
+    knobs, store = _knobs()
+    rate = {(3, 3): 45_000.0, (3, 1): 35_000.0, (2, 2): 30_000.0}
+    busy = lambda s: {"read": 0.8, "udf": 0.6}  # noqa: E731 - no busy bottleneck: no swap, no neck hold
+    policy = IntunePolicy(network=Fixed(), online=False)
+    policy.reset(knobs, _busy_obs(store, 0, rate[(2, 2)], busy, 4.0))
+    policy._start = None
+    for workers in ((3, 3), (3, 3), (3, 1), (3, 1), (2, 2)):
+        policy.memory.observe(4.0, workers, rate[workers])
+    request = policy.step(_busy_obs(store, 1, rate[(2, 2)], busy, 4.0))
+    assert request == {"read.workers": 3, "udf.workers": 1} and policy.reverts == 1
+
+
+def test_a_move_held_for_leading_away_from_a_better_vector_does_not_leave_the_increase_it_paid_for():
+    # 4 CPUs, none free, at 2 / 2; remembered better: 3 / 2 (over-allocated). The network moves a worker
+    # from udf to read: udf's -1 leads away from 3 / 2 and is held, so read's +1 has no CPU to use and is
+    # held too (the runner would refuse it, and the policy would count a move that never happened)
+    knobs, store = _knobs()
+    busy = lambda s: {"read": 0.8, "udf": 0.6}  # noqa: E731
+    policy = IntunePolicy(network=PerKnob([UP1, 1]), online=False)
+    policy.reset(knobs, _busy_obs(store, 0, 30_000.0, busy, 4.0))
+    policy._start = None
+    for workers, rate in (((3, 2), 40_000.0), ((3, 2), 40_000.0), ((2, 2), 30_000.0)):
+        policy.memory.observe(4.0, workers, rate)
+    request = policy.step(_busy_obs(store, 1, 30_000.0, busy, 4.0))
+    assert not {"read.workers", "udf.workers"} & set(request)

@@ -57,7 +57,7 @@ class AllocationMemory:
         self._cpus: float | None = None
         self._previous: Workers | None = None
         self._run = 0  # readings in a row of the vector now in place
-        self._best: tuple[int, tuple[Workers, Reading] | None] | None = None  # (tick, best()) cache
+        self._best: tuple[tuple[int, int | None], tuple[Workers, Reading] | None] | None = None  # ((tick, limit), best())
         self._readings: dict[Workers, Reading] = {}
 
     @property
@@ -121,14 +121,22 @@ class AllocationMemory:
         tolerance = self.tolerance if new.settled and now.settled else min(2.0 * self.tolerance, 0.5)
         return new.value < (1.0 - tolerance) * now.value
 
-    def best(self) -> tuple[Workers, Reading] | None:
-        """The remembered vector with the highest settled reading (None if none is settled); computed once
-        per tick (the policy asks more than once)."""
-        if self._best is not None and self._best[0] == self.tick:
+    def best(self, most_workers: int | None = None) -> tuple[Workers, Reading] | None:
+        """The remembered vector with the highest settled reading among those of at most ``most_workers``
+        workers in all (None: any; the result is None if none is settled); computed once per tick and
+        limit (the policy asks more than once).
+
+        The limit keeps out what cannot be reached again: over-allocated after a shrink, the runner lets
+        the workers in place run but grants no increase past the CPUs, so a vector read then (seen in the
+        simulator: 40 workers on 32 CPUs, above anything 32 workers do) would stay "best" and block every
+        other move until it expired."""
+        key = (self.tick, most_workers)
+        if self._best is not None and self._best[0] == key:
             return self._best[1]
-        live = [(w, r) for w, r in self._readings.items() if r.settled and self.tick - r.tick < self.ticks]
+        live = [(w, r) for w, r in self._readings.items()
+                if r.settled and self.tick - r.tick < self.ticks and (most_workers is None or sum(w) <= most_workers)]
         found = max(live, key=lambda wr: wr[1].value) if live else None
-        self._best = (self.tick, found)
+        self._best = (key, found)
         return found
 
     def is_better(self, candidate: Workers, current: Workers) -> bool:

@@ -322,15 +322,22 @@ class IntunePolicy:
                 choice = choice.copy()
                 choice[cpu[away]] = self.safety.zero
                 network = self.safety.moves(choice, obs)[self._is_cpu]
+                if network.sum() > free:  # an increase whose funding was held: the runner would refuse it
+                    choice[cpu[network > 0]] = self.safety.zero
+                    network = self.safety.moves(choice, obs)[self._is_cpu]
         if network.any() and self.memory.recall(tuple((now[cpu] + network).tolist())) is None:
             return choice  # the network (or the guard) explores a vector not measured recently: leave it
         # the network holds, or cycles among vectors already measured (seen in the simulator: 4 stages
         # moved back and forth every other tick for a whole phase, so nothing was ever probed)
         if behind:
-            out = step_towards(best[0])
-            if out is not None:
-                self.reverts += 1
-                return out
+            # towards the best vector the runner can grant again (over-allocated readings after a shrink
+            # still steer the network above, but cannot be stepped back to)
+            target = self.memory.best(self._most_workers(obs))
+            if target is not None and self.memory.is_better(target[0], current):
+                out = step_towards(target[0])
+                if out is not None:
+                    self.reverts += 1
+                    return out
         if self._fresh_ticks < self.config.probe_after:
             return choice
         for moves in self._probes(cpu, now, free, light, obs):
@@ -397,6 +404,14 @@ class IntunePolicy:
             if mask[neck, a] and not self.memory.is_worse(tuple(after[cpu].tolist()), tuple(now[cpu].tolist())):
                 return out
         return choice
+
+    def _most_workers(self, obs: Observation) -> int:
+        """The most workers the CPU knobs can have again: those in place now (over-allocated after a
+        shrink, the runner lets them run), or as many as the runner grants: the CPUs (or the knobs'
+        minimums), plus the one worker it grants a light stage past them."""
+        knobs = [k for k, c in zip(self.safety.knobs, self._is_cpu, strict=True) if c]
+        granted = max(int(np.floor(obs.cpus + 1e-9)), sum(k.min for k in knobs)) + (1 if obs.light_stages() else 0)
+        return max(granted, sum(int(k.value) for k in knobs))
 
     def _busy_neck(self, cpu: np.ndarray, obs: Observation, light: set[str]) -> int | None:
         """The busiest stage's CPU knob, if busy at least ``SWAP_BUSY`` of the tick and not light; else None."""
