@@ -340,3 +340,17 @@ def test_a_move_held_for_leading_away_from_a_better_vector_does_not_leave_the_in
         policy.memory.observe(4.0, workers, rate)
     request = policy.step(_busy_obs(store, 1, 30_000.0, busy, 4.0))
     assert not {"read.workers", "udf.workers"} & set(request)
+
+
+def test_a_co_bottleneck_keeps_its_workers_unless_one_goes_to_the_bottleneck():
+    # 6 CPUs, none free: read (busy all the tick) is the bottleneck and udf, at 0.95, nearly one too
+    def co_neck(s):
+        return {"read": 1.0, "udf": 0.95}
+
+    rate = lambda s: 10_000.0 * min(s["read.workers"], s["udf.workers"])  # noqa: E731
+    # the network takes a udf worker and gives it to no one: held (until a probe, after ``probe_after``)
+    seen, policy = _run_busy(PerKnob([HOLD, 1]), rate, co_neck, {"read.workers": 3, "udf.workers": 3}, 6.0, 5)
+    assert all(u == 3 for _, u in seen) and policy.neck_holds >= 3
+    # the network moves a udf worker to the bottleneck: it goes through
+    seen, policy = _run_busy(PerKnob([UP1, 1]), rate, co_neck, {"read.workers": 3, "udf.workers": 3}, 6.0, 2)
+    assert seen[0] == (4, 2) and policy.neck_holds == 0
