@@ -23,6 +23,7 @@ probe sharpens the estimate, so a tight start never deadlocks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,6 +68,7 @@ class SafetyLayer:
         self._units: tuple[Observation, np.ndarray] | None = None
         self._worker_bytes: tuple[Observation, float] | None = None
         self._stage_bytes: tuple[Observation, np.ndarray] | None = None
+        self._noise_of: tuple[Observation, float] | None = None
 
     # -- projections ---------------------------------------------------------------------------
     def track(self, obs: Observation) -> None:
@@ -145,23 +147,27 @@ class SafetyLayer:
         n = len(self._levels)
         if n < LEVEL_MIN_POINTS:
             return None
-        w = np.array([p[0] for p in self._levels], dtype=float)
-        m = np.array([p[1] for p in self._levels])
-        w -= w.mean()
-        sxx = float(np.dot(w, w))
+        # plain sums: 32 points a tick, where numpy's per-call cost would dominate
+        w_mean = sum(p[0] for p in self._levels) / n
+        m_mean = sum(p[1] for p in self._levels) / n
+        sxx = sum((p[0] - w_mean) ** 2 for p in self._levels)
         if sxx <= 0:
             return None
-        slope = float(np.dot(w, m) / sxx)
-        residual = m - m.mean() - slope * w
-        sigma = max(float(np.sqrt(np.dot(residual, residual) / (n - 2))), self._noise(obs) / np.sqrt(2.0))
-        error = 2.0 * sigma / np.sqrt(sxx)
+        slope = sum((p[0] - w_mean) * (p[1] - m_mean) for p in self._levels) / sxx
+        rss = sum((p[1] - m_mean - slope * (p[0] - w_mean)) ** 2 for p in self._levels)
+        sigma = max(math.sqrt(rss / (n - 2)), self._noise(obs) / math.sqrt(2.0))
+        error = 2.0 * sigma / math.sqrt(sxx)
         return slope + error if slope - error > 0 else None
 
     def _noise(self, obs: Observation) -> float:
         """The memory reading's noise on a tick-to-tick change: measured on ticks the workers held, at
         least 2% of the use."""
-        return max(0.02 * obs.memory_used_bytes * np.sqrt(2.0),
-                   float(np.sqrt(np.mean(np.square(self._still)))) if len(self._still) >= 5 else 0.0)
+        if self._noise_of is not None and self._noise_of[0] is obs:
+            return self._noise_of[1]
+        still = math.sqrt(sum(d * d for d in self._still) / len(self._still)) if len(self._still) >= 5 else 0.0
+        value = max(0.02 * obs.memory_used_bytes * math.sqrt(2.0), still)
+        self._noise_of = (obs, value)
+        return value
 
     def stage_worker_bytes(self, obs: Observation) -> np.ndarray:
         """Per knob, what one more worker of that knob's stage may cost in a move of several workers:
