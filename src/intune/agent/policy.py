@@ -119,6 +119,7 @@ class IntunePolicy:
         self._held_ticks = 0  # ticks the workers have not moved
         self._fresh_ticks = 0  # ticks since the workers last went to a vector not measured recently
         self._moved_once = False
+        self._busy_of: tuple[Observation, dict[str, float]] | None = None
         self.probes = 0  # ticks the policy tried a worker the network did not ask for
         self.swaps = 0  # ticks it moved a worker from idle workers to the bottleneck over the network's choice
         self.sheds = 0  # ticks it took idle workers away while over-allocated, so that the bottleneck can grow
@@ -211,8 +212,9 @@ class IntunePolicy:
            the result to be clearly better; then hold its moves away from a remembered vector clearly
            better than the current one;
         4. when the network holds the workers or cycles among vectors measured recently: step back
-           towards that better vector, or after ``probe_after`` ticks without a new vector, probe one
-           worker more on a busy stage (``_probes``).
+           towards the best one the runner can grant again (``_most_workers``) if clearly better, or
+           after ``probe_after`` ticks without a new vector, probe one worker more on a busy stage
+           (``_probes``).
 
         Each CPU move is one that the safety mask allows on its own, and at most one worker is added,
         only when a CPU is free, one is removed in the same tick, or it goes to a light stage (which the
@@ -388,7 +390,7 @@ class IntunePolicy:
         if free < self.config.fill_free_cpus:
             return choice
         cpu = np.flatnonzero(self._is_cpu)
-        busy = {s.name: s.busy for s in obs.stages}
+        busy = self._busy(obs)
         neck = int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
         now = np.asarray(values, dtype=np.int64)
         stage = self.safety.knobs[neck].stage
@@ -408,6 +410,12 @@ class IntunePolicy:
                 return out
         return choice
 
+    def _busy(self, obs: Observation) -> dict[str, float]:
+        """Each stage's busy share of the tick, built once per observation (several steps ask)."""
+        if self._busy_of is None or self._busy_of[0] is not obs:
+            self._busy_of = (obs, {s.name: s.busy for s in obs.stages})
+        return self._busy_of[1]
+
     def _most_workers(self, obs: Observation) -> int:
         """The most workers the CPU knobs can have again: those in place now (over-allocated after a
         shrink, the runner lets them run), or as many as the runner grants: the CPUs (or the knobs'
@@ -418,7 +426,7 @@ class IntunePolicy:
 
     def _busy_neck(self, cpu: np.ndarray, obs: Observation, light: set[str]) -> int | None:
         """The busiest stage's CPU knob, if busy at least ``SWAP_BUSY`` of the tick and not light; else None."""
-        busy = {s.name: s.busy for s in obs.stages}
+        busy = self._busy(obs)
         neck = int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
         stage = self.safety.knobs[neck].stage
         return None if busy.get(stage, 0.0) < SWAP_BUSY or stage in light else neck
@@ -432,7 +440,7 @@ class IntunePolicy:
         batcher and back every five ticks, 3% below the optimum each time, for 50 ticks)."""
         if neck is None:
             return []
-        busy = {s.name: s.busy for s in obs.stages}
+        busy = self._busy(obs)
         feeds_neck = network[list(cpu).index(neck)] > 0
         return [int(k) for i, k in enumerate(cpu) if network[i] < 0 and (
             k == neck or (not feeds_neck and busy.get(self.safety.knobs[k].stage, 0.0) >= SWAP_BUSY
@@ -444,7 +452,7 @@ class IntunePolicy:
         ``SWAP_IDLE``; else None."""
         if neck is None:
             return None
-        busy = {s.name: s.busy for s in obs.stages}
+        busy = self._busy(obs)
         stage = [self.safety.knobs[k].stage for k in range(len(self.safety.knobs))]
         idle = {int(k): now[k] * (1.0 - busy.get(stage[k], 1.0)) for k in cpu if k != neck and now[k] > self.safety.knobs[k].min}
         donor = max(idle, key=idle.__getitem__, default=None)
@@ -457,7 +465,7 @@ class IntunePolicy:
         past the CPUs if the stage is light), one moved there from the stage with the most idle workers
         (or the next one), then one more on any other busy light stage (a reader waiting on storage can
         be the co-bottleneck)."""
-        busy = {s.name: s.busy for s in obs.stages}
+        busy = self._busy(obs)
         starved = {s.name: s.starved for s in obs.stages}
         order = [int(k) for k in sorted(cpu, key=lambda k: (-busy.get(self.safety.knobs[k].stage, 0.0), starved.get(self.safety.knobs[k].stage, 0.0)))]
         neck = order[0]
