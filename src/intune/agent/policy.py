@@ -123,7 +123,7 @@ class IntunePolicy:
         self.probes = 0  # ticks the policy tried a worker the network did not ask for
         self.swaps = 0  # ticks it moved a worker from idle workers to the bottleneck over the network's choice
         self.sheds = 0  # ticks it took idle workers away while over-allocated, so that the bottleneck can grow
-        self.neck_holds = 0  # ticks it kept the network from taking a worker off the busy bottleneck
+        self.neck_holds = 0  # ticks it kept the network from taking a worker off a busy (co-)bottleneck
         self.reverts = 0  # ticks it stepped back towards a remembered better vector (or undid a probe)
         self._probe: tuple[Workers, Workers, bool] | None = None  # (before, after, must gain) until judged
         self._start = self._start_allocation(observation)
@@ -239,6 +239,15 @@ class IntunePolicy:
                 after[k] += d
             return tuple(after[cpu].tolist())
 
+        def unfunded(choice: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(choice, its worker moves) with the increases held if, some decreases held, they no longer
+            fit the free CPUs: the runner would refuse them."""
+            network = self.safety.moves(choice, obs)[self._is_cpu]
+            if network.sum() > free:
+                choice[cpu[network > 0]] = self.safety.zero
+                network = self.safety.moves(choice, obs)[self._is_cpu]
+            return choice, network
+
         def try_moves(moves: dict[int, int]) -> np.ndarray | None:
             """Apply +-1 moves (knob index -> +1/-1) if each is allowed and the CPUs allow them together,
             as the runner grants them: an increase only while the workers after every move fit the CPUs
@@ -310,10 +319,7 @@ class IntunePolicy:
                 # the optimum). Over-allocated, the runner needs it.
                 choice = choice.copy()
                 choice[saturated] = self.safety.zero
-                network = self.safety.moves(choice, obs)[self._is_cpu]
-                if network.sum() > free:  # what that worker paid for is held too: the runner would refuse it
-                    choice[cpu[network > 0]] = self.safety.zero
-                    network = self.safety.moves(choice, obs)[self._is_cpu]
+                choice, network = unfunded(choice)  # what those workers paid for is held too
                 self.neck_holds += 1
         best = self.memory.best()
         behind = best is not None and self.memory.is_better(best[0], current)
@@ -326,10 +332,7 @@ class IntunePolicy:
             if away.any():
                 choice = choice.copy()
                 choice[cpu[away]] = self.safety.zero
-                network = self.safety.moves(choice, obs)[self._is_cpu]
-                if network.sum() > free:  # an increase whose funding was held: the runner would refuse it
-                    choice[cpu[network > 0]] = self.safety.zero
-                    network = self.safety.moves(choice, obs)[self._is_cpu]
+                choice, network = unfunded(choice)
         if network.any() and self.memory.recall(tuple((now[cpu] + network).tolist())) is None:
             return choice  # the network (or the guard) explores a vector not measured recently: leave it
         # the network holds, or cycles among vectors already measured (seen in the simulator: 4 stages
@@ -391,7 +394,7 @@ class IntunePolicy:
             return choice
         cpu = np.flatnonzero(self._is_cpu)
         busy = self._busy(obs)
-        neck = int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
+        neck = self._busiest(cpu, obs)
         now = np.asarray(values, dtype=np.int64)
         stage = self.safety.knobs[neck].stage
         if moves[neck] > 0 or busy.get(stage, 0.0) < FILL_BUSY or stage in obs.light_stages():
@@ -424,12 +427,16 @@ class IntunePolicy:
         granted = max(int(np.floor(obs.cpus + 1e-9)), sum(k.min for k in knobs)) + (1 if obs.light_stages() else 0)
         return max(granted, sum(int(k.value) for k in knobs))
 
+    def _busiest(self, cpu: np.ndarray, obs: Observation) -> int:
+        """The CPU knob of the stage busy the largest share of the tick."""
+        busy = self._busy(obs)
+        return int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
+
     def _busy_neck(self, cpu: np.ndarray, obs: Observation, light: set[str]) -> int | None:
         """The busiest stage's CPU knob, if busy at least ``SWAP_BUSY`` of the tick and not light; else None."""
-        busy = self._busy(obs)
-        neck = int(max(cpu, key=lambda k: busy.get(self.safety.knobs[k].stage, 0.0)))
+        neck = self._busiest(cpu, obs)
         stage = self.safety.knobs[neck].stage
-        return None if busy.get(stage, 0.0) < SWAP_BUSY or stage in light else neck
+        return None if self._busy(obs).get(stage, 0.0) < SWAP_BUSY or stage in light else neck
 
     def _saturated(self, cpu: np.ndarray, network: np.ndarray, neck: int | None, obs: Observation, light: set[str]) -> list[int]:
         """CPU knobs whose worker the network takes and must keep: the busy bottleneck ``neck``, and any

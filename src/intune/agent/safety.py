@@ -130,7 +130,7 @@ class SafetyLayer:
         dm = np.array([c[1] for c in self._changes])
         slope = float(np.dot(dw, dm) / np.dot(dw, dw))
         error = 2.0 * self._noise(obs) / np.sqrt(np.dot(dw, dw))
-        if slope - error <= 0:  # not measured well enough to be trusted: the plain upper bound
+        if slope - error <= 0:  # not measured well enough to be trusted: the bounds above
             return upper
         return float(min(upper, slope + error))
 
