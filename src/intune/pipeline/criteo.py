@@ -11,16 +11,24 @@ per at most ``chunk_rows`` lines, all of equal length):
 - ``C1`` .. ``C26``: ``int64`` decoded from the hex string (0 .. 2**32-1); a missing value is ``-1``.
 
 A file is split into blocks of ``block_bytes`` (read units, parsed in parallel by the read stage's
-workers); a block is parsed with pyarrow's CSV reader and, only if that fails, line by line to find
-the malformed line: ``on_error="raise"`` raises ``SourceError`` naming the file and 1-based line,
-``"skip"`` drops the line and counts it (``skipped_lines``, shown as the read stage's ``skipped``).
+workers); a block is parsed with pyarrow's CSV reader and, only if that fails, by the slow path:
+each line is checked by ``line_problem`` (which accepts exactly what the fast parser accepts, integer
+syntax and int64 range included), the lines it accepts are parsed again with pyarrow, and if that
+still fails the block is bisected down to the single lines pyarrow rejects, so a malformed line is
+always found by its own line, never blamed on the block. ``on_error="raise"`` raises ``SourceError``
+naming the file, the true 1-based line (lines end at ``\\n``) and the problem; ``"skip"`` drops the
+line and counts it (``skipped_lines``, shown as the read stage's ``skipped``), keeps the first
+``SKIPPED_KEPT`` as ``(file, line, problem)`` in ``skipped_examples`` and logs each of those as a
+warning. Empty lines hold no row: both paths ignore them, uncounted.
 This module must not know about threads or stages.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
+import re
 import threading
 
 import numpy as np
@@ -41,6 +49,15 @@ for _i, _c in enumerate(b"0123456789abcdef"):
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
 _SHIFTS = np.arange(28, -1, -4, dtype=np.int64)
+
+# pyarrow's int64 syntax after it trims spaces: decimal with an optional '-' (no '+', no '_'), or
+# '0x'/'0X' and 1..16 hex digits (read as uint64 bits, so 0x8000000000000000 is -2**63)
+_DECIMAL = re.compile(rb"-?[0-9]+")
+_HEX_INT = re.compile(rb"0[xX][0-9a-fA-F]{1,16}")
+_INT64_DIGITS = 19  # 2**63 has 19 decimal digits
+SKIPPED_KEPT = 20  # skipped lines kept (and logged) by file and line; all of them are counted
+
+log = logging.getLogger(__name__)
 
 
 class MalformedBlock(Exception):
@@ -111,6 +128,26 @@ def parse_block(data: bytes) -> dict[str, np.ndarray]:
     return chunk
 
 
+def parse_lines(lines: list[bytes], kept: list[int]) -> tuple[list[dict[str, np.ndarray]], dict[int, str]]:
+    """Parse ``lines[j] for j in kept`` with the fast parser, bisecting around the lines it rejects.
+
+    Returns the parsed pieces in line order and ``{j: problem}`` for each single line the parser
+    rejects. This is the safety net for any line ``line_problem`` accepts but pyarrow does not: the
+    line itself is found (in about ``log2(len(kept))`` parses per bad line), never the whole block.
+    """
+    if not kept:
+        return [], {}
+    try:
+        return [parse_block(b"".join(lines[j] for j in kept))], {}
+    except MalformedBlock as exc:
+        if len(kept) == 1:
+            return [], {kept[0]: f"rejected by the CSV parser: {exc}"}
+    mid = len(kept) // 2
+    head, head_bad = parse_lines(lines, kept[:mid])
+    tail, tail_bad = parse_lines(lines, kept[mid:])
+    return head + tail, {**head_bad, **tail_bad}
+
+
 def empty_chunk() -> dict[str, np.ndarray]:
     chunk = {"label": np.empty(0, np.int64)}
     chunk.update({c: np.empty(0, np.float32) for c in INT_COLUMNS})
@@ -118,21 +155,44 @@ def empty_chunk() -> dict[str, np.ndarray]:
     return chunk
 
 
+def int64_problem(value: bytes) -> str | None:
+    """Why a non-empty integer field is not one pyarrow's int64 conversion accepts, or None.
+
+    The rule is pyarrow's, not Python's ``int()``: spaces around the value are trimmed, then it
+    must be decimal digits with an optional leading '-' within the int64 range, or '0x' and 1..16
+    hex digits. ``int()`` also takes '+5', '1_000' and unbounded values, which pyarrow rejects; a
+    check looser than the parser would keep a line whose block then fails again.
+    """
+    text = value.strip(b" ")
+    if _HEX_INT.fullmatch(text):
+        return None
+    if not _DECIMAL.fullmatch(text):
+        return "is not an integer"
+    negative = text.startswith(b"-")
+    digits = text.lstrip(b"-").lstrip(b"0")  # any number of leading zeros is valid
+    if len(digits) > _INT64_DIGITS or int(digits or b"0") > 2**63 - 1 + negative:
+        return "is outside the int64 range"
+    return None
+
+
 def line_problem(line: bytes) -> str | None:
-    """Why a single line is malformed, or None if it is fine (the slow path)."""
+    """Why a single non-empty line is malformed, or None if the fast parser accepts it.
+
+    It must accept exactly what ``parse_block`` accepts, so that whether a line is kept does not
+    depend on whether another line of its block is malformed.
+    """
     fields = line.rstrip(b"\r\n").split(b"\t")
     if len(fields) != FIELDS:
         return f"expected {FIELDS} tab-separated fields, got {len(fields)}"
-    try:
-        int(fields[0])
-    except ValueError:
-        return f"label {fields[0][:20]!r} is not an integer"
+    if not fields[0]:
+        return "the label is missing"
+    problem = int64_problem(fields[0])
+    if problem:
+        return f"label {fields[0][:20]!r} {problem}"
     for name, value in zip(INT_COLUMNS, fields[1:14], strict=True):
-        if value:
-            try:
-                int(value)
-            except ValueError:
-                return f"{name} = {value[:20]!r} is not an integer"
+        problem = int64_problem(value) if value else None
+        if problem:
+            return f"{name} = {value[:20]!r} {problem}"
     for name, value in zip(CAT_COLUMNS, fields[14:], strict=True):
         if value and (len(value) != 8 or (_HEX[np.frombuffer(value, np.uint8)] == 255).any()):
             return f"{name} = {value[:20]!r} is not 8 hex digits"
@@ -150,6 +210,8 @@ class CriteoTsvSource(Source):
         self.on_error = on_error
         self.block_bytes = block_bytes
         self.skipped_lines = 0
+        self.skipped_examples: list[tuple[str, int, str]] = []  # the first SKIPPED_KEPT skipped
+        self._line_marks: dict[int, dict[int, int]] = {}  # file -> {byte offset: lines before it}
         self._plan: list[tuple[int, int, int]] | None = None
         self._starts: dict[int, int] = {}  # unit -> byte offset of its first line (once read)
         self._lock = threading.Lock()
@@ -201,42 +263,88 @@ class CriteoTsvSource(Source):
         return split_rows(chunk, origin, self.chunk_rows)
 
     def _parse_slowly(self, unit: int, data: bytes, first: int) -> dict[str, np.ndarray]:
-        good = []
+        """Parse a block the fast parser rejected, dropping (skip) or raising on its bad lines.
+
+        Lines are split as pyarrow splits them (``\\n``, ``\\r\\n`` or a lone ``\\r``), so a kept
+        line is exactly one row; line numbers count ``\\n`` as everywhere else in this module.
+        """
         lines = data.splitlines(keepends=True)
+        problems: dict[int, str] = {}
+        kept: list[int] = []
         for j, line in enumerate(lines):
-            problem = line_problem(line) if line.strip() else "empty line"
+            if not line.rstrip(b"\r\n"):
+                continue  # an empty line holds no row; pyarrow skips it too
+            problem = line_problem(line)
             if problem is None:
-                good.append(line)
-                continue
-            if self.on_error == "skip":
-                with self._lock:
-                    self.skipped_lines += 1
-                continue
-            path = self.paths[self._plan[unit][0]]  # type: ignore[index]
-            line_no = self._line_base(unit) + j + 1
-            raise SourceError(f"malformed line in Criteo TSV file {path!r} line {line_no}: {problem}")
-        try:
-            return parse_block(b"".join(good))
-        except MalformedBlock as exc:  # a problem the line check does not know; report the block
-            path = self.paths[self._plan[unit][0]]  # type: ignore[index]
+                kept.append(j)
+            else:
+                problems[j] = problem
+        chunks, rejected = parse_lines(lines, kept)
+        problems.update(rejected)
+        if problems:
+            self._bad_lines(unit, lines, problems)
+        if not chunks:
+            return empty_chunk()
+        return {name: np.concatenate([c[name] for c in chunks]) for name in COLUMNS}
+
+    def _bad_lines(self, unit: int, lines: list[bytes], problems: dict[int, str]) -> None:
+        """Raise on the block's first bad line, or count them all (and keep the first few) to skip."""
+        assert self._plan is not None
+        path = self.paths[self._plan[unit][0]]
+        order = sorted(problems)
+        if self.on_error != "skip":
+            (line_no,) = self._line_numbers(unit, lines, order[:1])
             raise SourceError(
-                f"malformed Criteo TSV file {path!r} near line {self._line_base(unit) + 1}: {exc}"
-            ) from None
+                f"malformed line in Criteo TSV file {path!r} line {line_no}: {problems[order[0]]}"
+            )
+        with self._lock:
+            self.skipped_lines += len(order)
+            room = SKIPPED_KEPT - len(self.skipped_examples)
+        if room <= 0:
+            return  # counted; numbering more lines would cost a scan of the file for a log nobody reads
+        numbers = self._line_numbers(unit, lines, order[:room])
+        kept = [(path, n, problems[j]) for n, j in zip(numbers, order, strict=False)]
+        with self._lock:
+            kept = kept[: SKIPPED_KEPT - len(self.skipped_examples)]
+            self.skipped_examples.extend(kept)
+        for name, line_no, problem in kept:
+            log.warning("skipped malformed line in Criteo TSV file %r line %d: %s", name, line_no, problem)
+
+    def _line_numbers(self, unit: int, lines: list[bytes], js: list[int]) -> list[int]:
+        """1-based line numbers in its file of the block's lines ``js`` (ascending; split as pyarrow)."""
+        base = self._line_base(unit)
+        numbers: list[int] = []
+        seen = newlines = 0
+        for j in js:
+            newlines += sum(line.endswith(b"\n") for line in lines[seen:j])
+            seen = j
+            numbers.append(base + newlines + 1)
+        return numbers
 
     def _line_base(self, unit: int) -> int:
-        """Lines before the unit's first line (counted only when an error message needs it)."""
+        """Lines before the unit's first line (counted only when a message needs it).
+
+        Counts ``\\n`` from the nearest earlier offset already counted in the file, and remembers
+        the result, so numbering many lines of one file does not rescan it from the start each time.
+        """
         assert self._plan is not None
         f = self._plan[unit][0]
         first = self._starts.get(unit, self._plan[unit][1])
-        count = 0
+        with self._lock:
+            marks = self._line_marks.setdefault(f, {0: 0})
+            start = max(offset for offset in marks if offset <= first)
+            count = marks[start]
         with open(self.paths[f], "rb") as handle:
-            remaining = first
+            handle.seek(start)
+            remaining = first - start
             while remaining > 0:
                 block = handle.read(min(remaining, 1 << 22))
                 if not block:
                     break
                 count += block.count(b"\n")
                 remaining -= len(block)
+        with self._lock:
+            marks[first] = count
         return count
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
