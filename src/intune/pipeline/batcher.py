@@ -74,6 +74,10 @@ class Batcher:
         self._rows -= n
         if len(pieces) == 1:
             return pieces[0], origins[0]
-        batch = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+        names = pieces[0].keys()
+        for piece in pieces[1:]:
+            if piece.keys() != names:  # concatenating by the first piece's names would drop columns
+                raise ValueError(f"batch: chunks with columns {sorted(names)} and {sorted(piece)} meet in one batch")
+        batch = {k: np.concatenate([p[k] for p in pieces]) for k in names}
         known = [o for o in origins if o is not None]
         return batch, (merge_origins(known) if known else None)

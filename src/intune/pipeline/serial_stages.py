@@ -149,12 +149,19 @@ class BatchStage(Stage):
             if len(lengths) > 1:
                 sizes = {k: len(v) for k, v in item.chunk.items()}
                 raise PipelineError(f"stage {self.name!r}: input chunk has unequal column lengths {sizes}")
-            return wrap(batcher.add(item.chunk, item.origin))
+            try:
+                return wrap(batcher.add(item.chunk, item.origin))
+            except ValueError as exc:
+                raise PipelineError(f"stage {self.name!r}: {exc}") from None
+
+        def on_end() -> list[Item]:
+            try:
+                return wrap(batcher.flush())
+            except ValueError as exc:
+                raise PipelineError(f"stage {self.name!r}: {exc}") from None
 
         stats = self.stats.worker(0)
-        epoch.spawn(
-            lambda: sequential_loop(stats, inp, out, on_item, lambda: wrap(batcher.flush())), self.name
-        )
+        epoch.spawn(lambda: sequential_loop(stats, inp, out, on_item, on_end), self.name)
         return out
 
 

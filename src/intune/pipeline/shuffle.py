@@ -44,6 +44,8 @@ class ShuffleBuffer:
             raise ValueError(
                 f"shuffle: chunk columns {sorted(chunk)} differ from earlier chunks' {sorted(self._buf)}"
             )
+        else:
+            self._match_types(chunk)
         free = max(0, self.capacity - self.size)  # held above a shrunk capacity: full
         fill = min(free, rows)
         if fill:
@@ -68,6 +70,35 @@ class ShuffleBuffer:
         for n, c in merged.items():
             self._buf[n][: self.size] = c[keep]
         return [out]
+
+    def _match_types(self, chunk: Chunk) -> None:
+        """Make every buffered column able to take the chunk's values as they are, never by a cast
+        that changes them: a wider fixed-width string widens the column (assigning it would cut the
+        values), a text column as objects turns it into objects; any other difference is an error."""
+        for name, column in chunk.items():
+            have = self._buf[name]
+            if column.dtype == have.dtype and column.shape[1:] == have.shape[1:]:
+                continue
+            kinds = (have.dtype.kind, column.dtype.kind)
+            if column.shape[1:] == have.shape[1:] and kinds[0] == kinds[1] and kinds[0] in "SU":
+                if column.dtype.itemsize > have.dtype.itemsize:
+                    self._replace_column(name, column.dtype)
+                continue
+            if column.shape[1:] == have.shape[1:] and kinds in (("S", "O"), ("U", "O")):
+                self._replace_column(name, np.dtype(object))
+                continue
+            if kinds[0] == "O" and kinds[1] in "SU":
+                continue
+            raise ValueError(
+                f"shuffle: column {name!r} is {column.dtype}{list(column.shape[1:])} in this chunk but "
+                f"{have.dtype}{list(have.shape[1:])} in the buffer; storing it would change its values"
+            )
+
+    def _replace_column(self, name: str, dtype: np.dtype) -> None:
+        old = self._buf[name]
+        new = self._new_column(name, len(old), np.empty((0, *old.shape[1:]), dtype=dtype))
+        new[: self.size] = old[: self.size]
+        self._buf[name] = new
 
     def resize(self, capacity: int, max_out: int | None = None) -> list[Chunk]:
         """Change the capacity; if it shrinks below what is held, let random rows out: all the excess,

@@ -1,9 +1,10 @@
 """Sources: where rows come from, split into read units that workers can read in parallel.
 
 Owns file discovery, the unit plan (a Parquet row group; a generic iterable is one sequential
-stream), reading a unit into chunks of at most ``chunk_rows`` rows with equal-length columns, and
-describing a unit's rows in words for error messages. Errors name the file. It must not know about
-threads, channels or knobs.
+stream), reading a unit into chunks of at most ``chunk_rows`` rows with equal-length columns, the
+source's schema (``schema.Schema``: from the Parquet files' own schemas, checked across all files
+before any data flows; from the first chunk of an iterable; or given), and describing a unit's rows in
+words for error messages. Errors name the file. It must not know about threads, channels or knobs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment, nbytes, num_rows, validate_chunk
 from intune.pipeline.columns import to_numpy
-from intune.pipeline.errors import SourceError
+from intune.pipeline.errors import SchemaError, SourceError
+from intune.pipeline.schema import Column, Schema, unify, widen
 
 
 class Source:
@@ -70,21 +74,81 @@ def split_rows(chunk: dict, origin_of: Callable[[int, int], Origin], chunk_rows:
     return items
 
 
+def arrow_column(kind: Any, has_nulls: bool, strings: str) -> Column:
+    """The numpy column a Parquet column of Arrow type ``kind`` is read as, in every chunk.
+
+    An integer column that holds a null anywhere in the files is float64 with NaN in every chunk
+    (numpy ints have no null; deciding per chunk would change the type from chunk to chunk); text as
+    ``strings`` says (``columns.to_numpy``); everything else as pyarrow converts it.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_integer(kind):
+        return Column(np.dtype(np.float64) if has_nulls else np.dtype(kind.to_pandas_dtype()))
+    if pa.types.is_boolean(kind) and has_nulls:
+        return Column(np.dtype(object))
+    text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    if text or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        if strings == "object":
+            return Column(np.dtype(object))
+        return Column(np.dtype("U1" if strings == "str" and text else "S1"))
+    return Column(pa.array([], type=kind).to_numpy(zero_copy_only=False).dtype)
+
+
+def _nulls_by_column(meta: Any) -> dict[str, bool]:
+    """Whether each top-level column may hold a null, from the row groups' statistics (a column
+    without statistics may)."""
+    out: dict[str, bool] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            name = chunk.path_in_schema.split(".")[0]
+            stats = chunk.statistics
+            known = stats is not None and stats.has_null_count
+            out[name] = out.get(name, False) or not known or stats.null_count > 0
+    return out
+
+
 class ParquetSource(Source):
-    """Parquet files read with pyarrow, one row group per unit (strings as ``columns.to_numpy`` says)."""
+    """Parquet files read with pyarrow, one row group per unit (strings as ``columns.to_numpy`` says).
+
+    The schema comes from the files (``arrow_column``), checked across all files when the first epoch
+    plans its units: a file with other columns or another type raises ``SchemaError`` naming both
+    files, unless ``widen`` allows a type that holds both exactly. A ``schema`` given by the user
+    replaces it (chunks are converted to it where every value survives)."""
 
     name = "parquet"
 
     def __init__(
-        self, paths: list[str], columns: Sequence[str] | None, chunk_rows: int, strings: str = "bytes"
+        self,
+        paths: list[str],
+        columns: Sequence[str] | None,
+        chunk_rows: int,
+        strings: str = "bytes",
+        schema: Schema | None = None,
+        widen: bool = False,
     ) -> None:
         self.paths = paths
         self.columns = list(columns) if columns is not None else None
         self.chunk_rows = chunk_rows
         self.strings = strings
+        self.schema = schema
+        self.widen = widen or schema is not None
         self._plan: list[tuple[int, int, int]] | None = None  # (file index, row group, first row)
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._check_columns_exist(paths[0])
+
+    def _check_columns_exist(self, path: str) -> None:
+        """A requested column the first file lacks fails now, not as a batch without it later."""
+        wanted = self.columns if self.columns is not None else list(self.schema.columns) if self.schema else []
+        have = self._open(path).schema_arrow.names
+        missing = [c for c in wanted if c not in have]
+        if missing:
+            raise SchemaError(f"Parquet file {path!r} has no column(s) {missing}; its columns are {have}")
 
     def _open(self, path: str) -> Any:
         import pyarrow.parquet as pq
@@ -101,9 +165,51 @@ class ParquetSource(Source):
         self._local.file = (path, handle)
         return handle
 
+    def _file_schema(self, path: str) -> Schema:
+        handle = self._open(path)
+        arrow = handle.schema_arrow
+        nulls = _nulls_by_column(handle.metadata)
+        names = self.columns if self.columns is not None else arrow.names
+        missing = [n for n in names if n not in arrow.names]
+        if missing:
+            raise SchemaError(f"Parquet file {path!r} has no column(s) {missing}; its columns are {arrow.names}")
+        return Schema(
+            {n: arrow_column(arrow.field(n).type, nulls.get(n, True), self.strings) for n in names},
+            f"file {path!r}",
+        )
+
+    def _files_schema(self) -> Schema:
+        """One schema for all files: equal column names, and equal types (or unified under ``widen``)."""
+        first = self._file_schema(self.paths[0])
+        columns = dict(first.columns)
+        for path in self.paths[1:]:
+            other = self._file_schema(path)
+            if other.columns.keys() != columns.keys():
+                missing = [n for n in columns if n not in other.columns]
+                extra = [n for n in other.columns if n not in columns]
+                raise SchemaError(
+                    f"Parquet file {path!r} has other columns than {self.paths[0]!r}: missing {missing}, "
+                    f"extra {extra}; pass columns=[...] to read the ones they share"
+                )
+            for name, col in other.columns.items():
+                if columns[name].same_type(col):
+                    continue
+                merged = unify(columns[name], col) if self.widen else None
+                if merged is None:
+                    how = "no type holds both exactly" if self.widen else "pass widen=True to read both as one type that holds every value exactly"
+                    raise SchemaError(
+                        f"Parquet file {path!r} column {name!r} is {col.describe()}, but {self.paths[0]!r} "
+                        f"has {columns[name].describe()}; {how}"
+                    )
+                columns[name] = merged
+        origin = f"file {self.paths[0]!r}" if len(self.paths) == 1 else f"files {self.paths[0]!r} ... ({len(self.paths)})"
+        return Schema(columns, origin)
+
     def units(self) -> int:
         with self._lock:
             if self._plan is None:
+                if self.schema is None:
+                    self.schema = self._files_schema()
                 plan = []
                 for f, path in enumerate(self.paths):
                     meta = self._open(path).metadata
@@ -115,22 +221,49 @@ class ParquetSource(Source):
             return len(self._plan)
 
     def read_unit(self, unit: int) -> list[Item]:
-        assert self._plan is not None
+        assert self._plan is not None and self.schema is not None
         f, group, first = self._plan[unit]
         path = self.paths[f]
+        columns = self.columns if self.columns is not None else list(self.schema.columns)
         try:
-            table = self._open(path).read_row_group(group, columns=self.columns)
-            chunk = {name: to_numpy(table.column(name), self.strings) for name in table.column_names}
+            table = self._open(path).read_row_group(group, columns=columns)
         except SourceError:
             raise
         except Exception as exc:
             raise SourceError(f"cannot read Parquet file {path!r} (row group {group}): {exc}") from exc
-        chunk = validate_chunk(chunk, f"Parquet file {path!r} row group {group}")
+        where = f"Parquet file {path!r} row group {group}"
+        chunk = {name: self._convert(table.column(name), name, where) for name in table.column_names}
+        # types were checked across files when planning; what is left is the null rule and unify's
+        # widening, both stated, so widening is allowed here (and still checked value by value)
+        chunk = self.schema.conform(validate_chunk(chunk, where), where, widen_ok=True)
 
         def origin(lo: int, hi: int) -> Origin:
             return Origin((Segment(self, unit, first + lo, first + hi),))
 
         return split_rows(chunk, origin, self.chunk_rows)
+
+    def _convert(self, column: Any, name: str, where: str) -> np.ndarray:
+        """One Arrow column as numpy; an integer column read as float converts exactly or fails
+        (pyarrow's own conversion of an int column with nulls rounds values past 2**53 silently)."""
+        import pyarrow as pa
+
+        want = self.schema.columns.get(name) if self.schema is not None else None
+        if want is None or want.dtype.kind != "f" or not pa.types.is_integer(column.type):
+            return to_numpy(column, self.strings)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        values = column.fill_null(0).to_numpy(zero_copy_only=False)
+        out = widen(values, want.dtype)
+        if out is None:
+            raise SchemaError(
+                f"{where}: column {name!r} is {values.dtype} read as {want.describe()} (it holds nulls, or "
+                f"another file has {want.describe()}), but some of its values {want.describe()} cannot hold "
+                "exactly; fill the nulls when writing, or read the files apart"
+            )
+        if column.null_count:
+            out = out.copy() if out is values else out
+            out[~column.is_valid().to_numpy(zero_copy_only=False)] = np.nan
+        return out
 
     def file_of(self, unit: int) -> int:
         """Rows are numbered per file, so ranges of one file can be merged in messages."""
@@ -141,14 +274,24 @@ class ParquetSource(Source):
 
 
 class IterableSource(Source):
-    """A user's chunks: an iterable (re-iterated each epoch) or a callable returning one per epoch."""
+    """A user's chunks: an iterable (re-iterated each epoch) or a callable returning one per epoch.
+
+    The schema is the first chunk's (or the one given); every chunk is checked against it."""
 
     parallel = False
 
-    def __init__(self, chunks: Iterable[Any] | Callable[[], Iterable[Any]], name: str) -> None:
+    def __init__(
+        self,
+        chunks: Iterable[Any] | Callable[[], Iterable[Any]],
+        name: str,
+        schema: Schema | None = None,
+        widen: bool = False,
+    ) -> None:
         self._chunks = chunks
         self.name = name
         self._epochs = 0
+        self.schema = schema
+        self.widen = widen or schema is not None
 
     def stream(self) -> Iterator[Item]:
         produced = self._chunks() if callable(self._chunks) else self._chunks
@@ -161,7 +304,11 @@ class IterableSource(Source):
         self._epochs += 1
         first = 0
         for index, chunk in enumerate(produced):
-            chunk = validate_chunk(chunk, f"source {self.name!r} chunk #{index}")
+            where = f"source {self.name!r} chunk #{index}"
+            chunk = validate_chunk(chunk, where)
+            if self.schema is None:
+                self.schema = Schema.of(chunk, f"fixed by {where} of epoch {self._epochs - 1}")
+            chunk = self.schema.conform(chunk, where, widen_ok=self.widen)
             rows = num_rows(chunk)
             yield Item(chunk, Origin((Segment(self, index, first, first + rows),)), rows, nbytes(chunk))
             first += rows
