@@ -1,4 +1,5 @@
-"""plumber: the LP allocation against brute force, the sequential rule, prefetch sizing, re-solving."""
+"""plumber: the LP allocation against brute force, the sequential rule, I/O-bound sources, prefetch
+sizing, re-solving."""
 
 import itertools
 import random
@@ -17,6 +18,8 @@ from intune.policies.plumber import (
     round_allocation,
     solve_lp,
 )
+from intune.sim import Simulator, constant_schedule, run_episode
+from intune.sim.spec import spec_from_dict
 
 MB = 1 << 20
 
@@ -125,9 +128,9 @@ SPEC = {
 }
 
 
-def _stages():
-    # CPU seconds per element: read 0.01 (plus I/O waits Plumber does not see), udf 0.05, prefetch 0.002
-    return [_stage("read", 0.01, wall=0.1), _stage("udf", 0.05), _stage("prefetch", 0.002, size=4 * MB)]
+def _stages(read_wall=None):
+    # CPU seconds per element: read 0.01, udf 0.05, prefetch 0.002; read's wall time as given (I/O waits)
+    return [_stage("read", 0.01, wall=read_wall), _stage("udf", 0.05), _stage("prefetch", 0.002, size=4 * MB)]
 
 
 def _run(policy, knobs, store, observations):
@@ -159,3 +162,73 @@ def test_plans_after_the_profile_and_keeps_its_plan_unless_adaptive():
     assert a.solves == 2 and a.plan.cpus == 16.0
     assert sum(v for k, v in store.items() if k.endswith("workers")) == 16
     assert a.plan.theta == pytest.approx(min(store["read.workers"] / 0.01, store["udf.workers"] / 0.05))
+
+
+def test_lp_cpu_constraint_bounds_the_rate():
+    # 8 workers would carry 4 elements/s at 1 worker-second each, but 1.5 CPU seconds per element on 3 CPUs
+    # allow 2/s: each stage gets only the 2 workers that rate needs
+    cores, theta = solve_lp([1.0, 1.0], 8, [1, 1], [8, 8], cpu_work=[0.5, 1.0], cpus=3.0)
+    assert theta == pytest.approx(2.0) and cores == pytest.approx([2.0, 2.0])
+
+
+def test_io_bound_rule():
+    def profile(cpu, wall):
+        return _StageProfile(items=100, cpu_s=cpu * 100, wall_s=wall * 100, time_s=1.0)
+
+    waiting = PlumberPolicy.io_bound(
+        {"read": profile(0.01, 0.1), "udf": profile(0.05, 0.05), "batch": profile(0.02, 0.03)}
+    )
+    assert waiting == {"read"}  # read computes 10% of its busy time; batch 67%, udf 100%
+    # saturated CPUs stretch every stage's wall time alike: nothing is taken for I/O
+    assert PlumberPolicy.io_bound({"read": profile(0.01, 0.03), "udf": profile(0.05, 0.15)}) == set()
+
+
+def test_an_io_bound_reader_is_rated_by_its_wall_time():
+    observations = [_obs(t, _stages(read_wall=0.1), cpus=8.0, demand=20_000.0) for t in range(10)]
+    knobs, store = _knobs(SPEC)
+    p = make("plumber")
+    _run(p, knobs, store, observations)
+    # read waits 90% of its busy time: 0.1 worker-seconds per element (CPU time would say 0.01, and give
+    # it 2 workers). Per-worker times 0.1 / 0.05 / 0.002 on 8 workers, prefetch at its minimum 1: 7 / 0.15
+    # -> theta 46.7/s, workers 4.67 / 2.33 / 1; floors 4 / 2 / 1 and the spare to the slowest (a tie at
+    # 40/s: the first, read) -> 5 / 2 / 1, 40 elements/s, 2.5 of the 8 CPUs busy
+    assert (store["read.workers"], store["udf.workers"], store["prefetch.workers"]) == (5, 2, 1)
+    assert p.plan.io_bound == ["read"] and p.plan.theta == pytest.approx(40.0)
+    # demand 20 elements/s vs 40/s: rho 0.5 -> 2 elements of 4 MB
+    assert p.plan.prefetch_elements == 2 and store["prefetch.buffer_mb"] == 8
+
+
+# A reader that waits 19 of every 20 us per row on storage, a CPU-bound UDF, a light prefetch; no
+# contention and no cost variance, so that the model's rates are linear in workers.
+IO_SOURCE = {
+    "name": "io-source",
+    "batch_size": 1024,
+    "chunk_rows": 1024,
+    "bytes_per_row": 256,
+    "machine": {"cpus": 16, "memory_limit_gb": 64, "host_memory_gb": 256, "base_memory_gb": 2},
+    "consumer": {"model_latency_s": 0.0},
+    "stages": [
+        {"name": "read", "kind": "read", "cpu_us_per_row": 1.0, "io_us_per_row": 19.0},
+        {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 20.0},
+        {
+            "name": "prefetch",
+            "kind": "prefetch",
+            "cpu_us_per_row": 0.5,
+            "buffer": {"min": 16, "max": 4096, "default": 16},
+        },
+    ],
+}
+
+
+def test_gives_a_simulated_io_bound_reader_the_workers_its_io_needs():
+    spec = spec_from_dict(IO_SOURCE)
+    sim = Simulator(spec, cpus=constant_schedule(16, 60), seed=0)
+    r = run_episode(sim, make("plumber"), 60)
+    # 20 us per row per worker for read and udf, 0.5 for prefetch (1 worker): 15 workers for 40 us -> 7.5
+    # each, rounded to 8 / 7 or 7 / 8 (a tie that the measurement noise breaks): 7 workers / 20 us =
+    # 350k rows/s, the oracle's optimum. CPU time alone (1 us per row) gave read 1 worker: 50k rows/s.
+    read, udf = r.knobs["read.workers"][-1], r.knobs["udf.workers"][-1]
+    assert {read, udf} == {7, 8} and r.knobs["prefetch.workers"][-1] == 1
+    _, best = sim.optimum(16)
+    assert best == pytest.approx(350_000, rel=1e-3)
+    assert r.model_throughput[-1] == pytest.approx(best, rel=1e-6)

@@ -1,18 +1,29 @@
 """``plumber``: Plumber's resource allocation (Kuchnik et al., MLSys 2022), the paper's baseline 4.
 
-Method, as the issue specifies it:
+Method:
 
 1. Profile: for ``profile_ticks`` ticks at the start the pipeline runs as it is, and Plumber records
-   each stage's CPU seconds and elements. A stage's rate with one core is ``1 / cpu_s_per_item``
-   (CPU time, not wall time: waits on I/O or the GIL cost nothing). Visit ratios (elements of stage
-   ``i`` per element leaving the pipeline) turn that into CPU seconds per delivered element, ``work_i``.
-2. LP (``scipy.optimize.linprog``): maximise ``theta`` (elements/s delivered) subject to
-   ``theta * work_i <= cores_i``, ``sum(cores_i) <= C`` (``obs.cpus``), ``min_i <= cores_i <= max_i``;
-   a sequential stage has ``max_i = 1``. That maximises the slowest stage's rate.
-3. Rounding: cores are floored, then the spare cores go one at a time to the current slowest stage
+   each stage's elements, CPU seconds and busy wall seconds (``cpu_s_per_item``, ``wall_s_per_item``:
+   one worker's time per element). Visit ratios (elements of stage ``i`` per element leaving the
+   pipeline) turn them into seconds per delivered element: ``cpu_i`` (CPU) and ``wall_i`` (worker time).
+2. Source I/O: a stage whose CPU share ``cpu_i / wall_i`` is at most ``IO_BOUND_SHARE`` of the largest
+   stage's share spends most of its busy time waiting (on storage, as Plumber's traced sources do; a
+   re-solve also sees a UDF that waits on a shared service), so CPU time would overstate its rate. Its rate per worker is its measured I/O rate,
+   ``1 / wall_i`` (an I/O-bound source's throughput grows with its parallelism), and each worker costs
+   only ``cpu_i / wall_i`` of a core. Every other stage runs at ``1 / cpu_i`` per core (Plumber's CPU-time
+   rate: waits on the GIL or descheduling cost nothing). Call that per-worker time ``t_i``. The share is
+   relative because a profile on saturated CPUs lowers every stage's share alike.
+3. LP (``scipy.optimize.linprog``): maximise ``theta`` (elements/s delivered) subject to
+   ``theta * t_i <= workers_i`` (parallelism), ``sum_i theta * cpu_i <= C`` (Plumber's CPU constraint,
+   ``C = obs.cpus``), ``sum_i workers_i <= C`` (the runner's budget: ``clamp_request`` grants no more
+   workers than CPUs, whatever they wait on, so a plan past it would be cut) and
+   ``min_i <= workers_i <= max_i``; a sequential stage has ``max_i = 1``. That maximises the slowest
+   stage's rate; an I/O-bound source gets the parallelism that matches the rate the CPU-bound stages
+   sustain. With this runner the worker budget implies the CPU constraint (``t_i >= cpu_i``).
+4. Rounding: workers are floored, then the spare ones go one at a time to the current slowest stage
    (the greedy step is exact for max-min with linear rates), never exceeding ``C``; a stage that cannot
    grow ends the hand-out.
-4. Prefetch: the buffer of the prefetch stage (name starting with ``prefetch``, or as given) is sized
+5. Prefetch: the buffer of the prefetch stage (name starting with ``prefetch``, or as given) is sized
    from the measured rate gap between the planned pipeline rate ``theta`` and the consumer's demand
    ``D`` (elements/s, from ``obs.demand`` or the step time): ``rho = D / theta``, buffer
    ``1 + ceil(rho / (1 - rho))`` elements (an M/M/1 queue's mean backlog: the closer the rates, the
@@ -20,15 +31,20 @@ Method, as the issue specifies it:
    is unknown (no depth helps then), capped at ``MAX_PREFETCH_ELEMENTS`` and at half the memory the
    observation says is free.
 
+What the port cannot model: Plumber bounds the source by the disk's peak bandwidth, measured by a
+storage benchmark; the observation carries no such figure, so the linear I/O rate is extrapolated from
+the profiled parallelism. Readers sharing a bandwidth (per-worker rate falling as readers are added)
+are seen only when a re-solve profiles the planned parallelism (``adaptive``).
+
 Sequential rule (which stages get at most one core): a stage whose ``workers`` knob has ``max <= 1``,
 or one that the profile shows does not scale: on average at least 1.5 busy workers, yet only
 0.85-1.15 cores of CPU used, with wall time per element at least 0.8 x busy workers x its CPU time
-(its workers take turns, as GIL-bound threads do). An I/O-bound stage uses well under one core and so
-is not taken for sequential.
+(its workers take turns, as GIL-bound threads do). Its rate is ``1 / cpu_i`` (one core). An I/O-bound
+stage uses well under one core and so is not taken for sequential.
 
 ``adaptive=True`` (plumber-adaptive, the paper's checkpoint and re-launch) re-solves with the latest
 ``profile_ticks`` ticks whenever ``obs.cpus`` changes; the non-adaptive policy keeps its first plan.
-It must not use wall time for rates, nor anything the observation does not carry.
+It must not use anything the observation does not carry.
 """
 
 from __future__ import annotations
@@ -47,40 +63,58 @@ from intune.policies.base import MB
 from intune.policies.static import changes, stage_role
 
 MAX_PREFETCH_ELEMENTS = 256
+IO_BOUND_SHARE = 0.5
+"""A stage whose CPU share (CPU seconds per busy wall second) is at most this share of the largest
+stage's waits more than it computes: it is rated by its wall time (I/O), not its CPU time."""
 
 
 # ------------------------------------------------------------------------------- the LP and rounding
 
-def solve_lp(work: Sequence[float], cores: float, lo: Sequence[float], hi: Sequence[float]) -> tuple[list[float], float]:
-    """The LP relaxation: fractional cores per stage and the rate ``theta`` they reach.
 
-    Returns the cheapest cores that reach the optimal ``theta`` (``max(lo_i, theta * work_i)``), so that
-    stages that are not bottlenecks do not soak up cores. Infeasible minimums (``sum(lo) > cores``) or no
-    measured work return ``lo`` and the rate ``lo`` gives.
+def solve_lp(
+    work: Sequence[float],
+    workers: float,
+    lo: Sequence[float],
+    hi: Sequence[float],
+    cpu_work: Sequence[float] | None = None,
+    cpus: float | None = None,
+) -> tuple[list[float], float]:
+    """The LP relaxation: fractional workers per stage and the rate ``theta`` they reach.
+
+    ``work[i]``: worker seconds per delivered element (``theta * work[i] <= workers_i``), ``workers``: the
+    budget of all ``workers_i``. With ``cpu_work`` (CPU seconds per delivered element) and ``cpus``, also
+    ``theta * sum(cpu_work) <= cpus``. Returns the cheapest workers that reach the optimal ``theta``
+    (``max(lo_i, theta * work_i)``), so that stages that are not bottlenecks do not soak up workers.
+    Infeasible minimums (``sum(lo) > workers``) or no measured work return ``lo`` and the rate ``lo`` gives.
     """
     n = len(work)
-    if sum(lo) > cores + 1e-9 or not any(w > 0 for w in work):
+    if sum(lo) > workers + 1e-9 or not any(w > 0 for w in work):
         return list(map(float, lo)), rate_of(lo, work)
-    # variables: cores_0 .. cores_{n-1}, theta; minimise -theta
+    # variables: workers_0 .. workers_{n-1}, theta; minimise -theta
     c = np.zeros(n + 1)
     c[-1] = -1.0
-    a_ub = np.zeros((n + 1, n + 1))
+    a_ub = np.zeros((n + 2, n + 1))
     for i, w in enumerate(work):
         a_ub[i, i] = -1.0
         a_ub[i, -1] = w
     a_ub[n, :n] = 1.0
-    b_ub = np.zeros(n + 1)
-    b_ub[n] = cores
+    b_ub = np.zeros(n + 2)
+    b_ub[n] = workers
+    if cpu_work is not None and cpus is not None:
+        a_ub[n + 1, -1] = float(sum(cpu_work))
+        b_ub[n + 1] = cpus
     bounds = [(float(lo[i]), float(hi[i])) for i in range(n)] + [(0.0, None)]
     res = linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if not res.success:
-        raise RuntimeError(f"plumber: the allocation LP failed ({res.message}); work={list(work)}, cores={cores}")
+        raise RuntimeError(
+            f"plumber: the allocation LP failed ({res.message}); work={list(work)}, workers={workers}"
+        )
     theta = float(res.x[-1])
     return [max(float(lo[i]), theta * work[i]) for i in range(n)], theta
 
 
 def rate_of(alloc: Sequence[float], work: Sequence[float]) -> float:
-    """Elements/s the allocation delivers: the slowest stage's ``cores / work`` (inf if none works)."""
+    """Elements/s the allocation delivers: the slowest stage's ``workers / work`` (inf if none works)."""
     rates = [a / w for a, w in zip(alloc, work, strict=True) if w > 0]
     return min(rates) if rates else math.inf
 
@@ -88,7 +122,7 @@ def rate_of(alloc: Sequence[float], work: Sequence[float]) -> float:
 def round_allocation(
     fractional: Sequence[float], work: Sequence[float], cores: int, lo: Sequence[int], hi: Sequence[int]
 ) -> list[int]:
-    """Integer cores: floors, then spare cores one by one to the slowest stage while it can grow."""
+    """Integer workers: floors, then spare ones one by one to the slowest stage while it can grow."""
     alloc = [max(int(lo[i]), min(int(hi[i]), math.floor(f + 1e-9))) for i, f in enumerate(fractional)]
     while sum(alloc) < cores:
         growable = [i for i in range(len(alloc)) if work[i] > 0]
@@ -111,6 +145,7 @@ def prefetch_elements(theta: float, demand: float) -> int:
 
 # ------------------------------------------------------------------------------------- the profile
 
+
 @dataclass
 class _StageProfile:
     items: float = 0.0
@@ -129,6 +164,7 @@ class PlumberPlan:
     workers: dict[str, int] = field(default_factory=dict)
     fractional: dict[str, float] = field(default_factory=dict)
     sequential: list[str] = field(default_factory=list)
+    io_bound: list[str] = field(default_factory=list)  # stages rated by wall time (module docstring, 2.)
     theta: float = 0.0  # planned elements/s delivered by the last stage
     prefetch_elements: int = 0
     buffer_mb: dict[str, int] = field(default_factory=dict)
@@ -198,6 +234,13 @@ class PlumberPolicy:
         cores_used = p.cpu_s / p.time_s
         return busy_workers >= 1.5 and 0.85 <= cores_used <= 1.15 and p.wall_s >= 0.8 * busy_workers * p.cpu_s
 
+    @staticmethod
+    def io_bound(profiles: Mapping[str, _StageProfile]) -> set[str]:
+        """Stages whose CPU share is at most ``IO_BOUND_SHARE`` of the largest (module docstring, 2.)."""
+        shares = {n: p.cpu_s / p.wall_s for n, p in profiles.items() if p.wall_s > 0 and p.items > 0}
+        top = max(shares.values(), default=0.0)
+        return {n for n, u in shares.items() if top > 0 and u <= IO_BOUND_SHARE * top}
+
     def _solve(self, obs: Observation) -> None:
         prof = self._profile()
         last = obs.stages[-1].name
@@ -206,16 +249,26 @@ class PlumberPolicy:
             return
         names = [s.name for s in obs.stages if f"{s.name}.workers" in self._knobs]
         knobs = [self._knobs[f"{n}.workers"] for n in names]
-        work = [prof[n].cpu_s / root_items if n in prof else 0.0 for n in names]
-        seq = [self.is_sequential(k, prof.get(n, _StageProfile())) for n, k in zip(names, knobs, strict=True)]
+        empty = _StageProfile()
+        cpu_work = [prof.get(n, empty).cpu_s / root_items for n in names]
+        seq = [self.is_sequential(k, prof.get(n, empty)) for n, k in zip(names, knobs, strict=True)]
+        waiting = self.io_bound({n: prof[n] for n in names if n in prof})
+        io = [n in waiting and not s for n, s in zip(names, seq, strict=True)]
+        work = [prof[n].wall_s / root_items if w else c for n, w, c in zip(names, io, cpu_work, strict=True)]
         lo = [k.min for k in knobs]
         hi = [max(k.min, 1 if s else k.max) for k, s in zip(knobs, seq, strict=True)]
-        cores = max(int(obs.cpus), 0)
-        fractional, _ = solve_lp(work, cores, lo, hi)
-        alloc = round_allocation(fractional, work, cores, lo, hi) if sum(lo) <= cores else list(lo)
-        theta = rate_of(alloc, work)
+        budget = max(int(obs.cpus), 0)
+        fractional, _ = solve_lp(work, budget, lo, hi, cpu_work, float(budget))
+        alloc = round_allocation(fractional, work, budget, lo, hi) if sum(lo) <= budget else list(lo)
+        cpu_total = sum(cpu_work)
+        theta = min(rate_of(alloc, work), budget / cpu_total if cpu_total > 0 else math.inf)
         self.solves += 1
-        plan = PlumberPlan(cpus=obs.cpus, theta=theta, sequential=[n for n, s in zip(names, seq, strict=True) if s])
+        plan = PlumberPlan(
+            cpus=obs.cpus,
+            theta=theta,
+            sequential=[n for n, s in zip(names, seq, strict=True) if s],
+            io_bound=[n for n, w in zip(names, io, strict=True) if w],
+        )
         for n, k, a, f in zip(names, knobs, alloc, fractional, strict=True):
             plan.workers[n] = k.clamp(a)
             plan.fractional[n] = f
@@ -223,7 +276,9 @@ class PlumberPolicy:
         self._plan_prefetch(obs, prof, root_items, plan)
         self.plan = plan
 
-    def _plan_prefetch(self, obs: Observation, prof: dict[str, _StageProfile], root_items: float, plan: PlumberPlan) -> None:
+    def _plan_prefetch(
+        self, obs: Observation, prof: dict[str, _StageProfile], root_items: float, plan: PlumberPlan
+    ) -> None:
         root = obs.stages[-1]
         rows_per_item = root.rows_per_s / root.items_per_s if root.items_per_s > 0 else 0.0
         if obs.demand > 0 and rows_per_item > 0:
@@ -233,7 +288,11 @@ class PlumberPolicy:
         else:
             demand = 0.0  # unknown or unbounded: the consumer always waits
         plan.prefetch_elements = prefetch_elements(plan.theta, demand)
-        free = max(0.0, obs.memory_limit_bytes - obs.memory_used_bytes) if obs.memory_limit_bytes > 0 else math.inf
+        free = (
+            max(0.0, obs.memory_limit_bytes - obs.memory_used_bytes)
+            if obs.memory_limit_bytes > 0
+            else math.inf
+        )
         for s in obs.stages:
             knob = self._knobs.get(f"{s.name}.buffer_mb")
             p = prof.get(s.name)
