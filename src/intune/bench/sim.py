@@ -4,6 +4,7 @@ Owns the benchmark's runs and metrics: Figure 7 (each policy over the resize sch
 64 -> 32 on ``criteo`` and ``production``: throughput normalised to ``none``, ratio to ``oracle``, OOMs,
 ticks to 95% of the phase optimum after each resize, CPU utilisation), Figure 8 (throughput normalised
 to ``autotune`` against pipeline length, CPU count and batch size) and the simulator's own speed.
+``--md`` writes every workload's row and a per-policy summary over all of them (``markdown_report``).
 A policy whose module does not import is skipped with a note, and a policy that fails mid-run is
 reported as failed; neither stops the run. It must not tune anything itself.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,15 @@ FIG7_WORKLOADS = ("criteo", "production", "production@mem=48")
 FIG8_CPUS = (8, 16, 32, 64, 128)
 FIG8_BATCHES = (4096, 8192, 16384, 32768, 65536)
 FIG8_LADDER = (2, 3, 4, 5, 6, 7)
+TIE = 0.01
+"""Throughputs within this share of each other count as a tie in the Markdown report (best-policy counts,
+intune's losses): the policies share the seed, so their noise is common, and 1% is above what is left."""
+PANELS = {
+    "fig7": "Fig. 7: resize",
+    "fig8a": "Fig. 8a: stages",
+    "fig8b": "Fig. 8b: CPUs",
+    "fig8c": "Fig. 8c: batch",
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +72,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-fig8", action="store_true", help="skip the Figure 8 panels")
+    parser.add_argument(
+        "--md",
+        metavar="PATH",
+        help="write Markdown here: every workload's row, a per-policy summary, where intune loses",
+    )
 
 
 def _available(names: list[str]) -> tuple[list[str], list[str]]:
@@ -200,6 +216,15 @@ def run(args: argparse.Namespace) -> int:
             notes=notes,
         )
         print(f"wrote {args.json}")
+    if args.md:
+        context = _context_lines(
+            period, None if args.workload or args.no_fig8 else fig8_ticks(args.quick), notes
+        )
+        report = markdown_report(results, policies, machine_info(), _command_line(args), context)
+        out = Path(args.md)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        print(f"wrote {out}")
     if args.plot:
         from intune.sim.plots import plot_figure7, plot_figure8
 
@@ -211,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _figure8(policies: list[str], quick: bool, seed: int) -> dict[str, list[dict[str, Any]]]:
     """Constant-CPU runs of the drill-downs (model latency 0), normalised to autotune."""
-    ticks = 150 if quick else 600
+    ticks = fig8_ticks(quick)
     panels = {
         "fig8a": [
             ("stages", k, ladder_workload(k)) for k in (FIG8_LADDER[::2] + (7,) if quick else FIG8_LADDER)
@@ -264,3 +289,170 @@ def _print_panel(panel: str, rows: list[dict[str, Any]], policies: list[str]) ->
         table.append(line)
     print(f"\n{panel}: throughput / autotune's, by {param} (model latency 0)")
     print(format_table(table))
+
+
+def fig8_ticks(quick: bool) -> int:
+    """Ticks of each Figure 8 run (constant CPUs)."""
+    return 150 if quick else 600
+
+
+# ------------------------------------------------------------------------------------ the Markdown report
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as typed, rebuilt from the parsed options (``sys.argv`` is not ours under a test)."""
+    parts = ["intune bench sim"]
+    parts += [f"--workload {w}" for w in args.workload or ()]
+    parts += ["--quick"] if args.quick else []
+    for flag in ("json", "plot", "md", "period", "policies"):
+        value = getattr(args, flag)
+        parts += [f"--{flag} {value}"] if value is not None else []
+    parts += [f"--seed {args.seed}"] if args.seed else []
+    parts += ["--no-fig8"] if args.no_fig8 else []
+    return " ".join(parts)
+
+
+def _context_lines(period: int, fig8: int | None, notes: list[str]) -> list[str]:
+    """How the runs were made: the schedules, and any policy that was skipped."""
+    lines = [
+        f"Figure 7 panels: CPUs 32 -> 64 -> 128 -> 64 -> 32, {period} ticks per phase, the workload's trainer."
+    ]
+    if fig8 is not None:
+        lines.append(
+            f"Figure 8 panels: the panel's CPUs for {fig8} ticks, model latency 0 (unbounded demand)."
+        )
+    return lines + [f"Note: {n}" for n in notes]
+
+
+def _workloads(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(panel, workload)`` pairs in the order they ran."""
+    return list(dict.fromkeys((r["panel"], r["workload"]) for r in results))
+
+
+def _rows_of(results: list[dict[str, Any]], panel: str, workload: str) -> dict[str, dict[str, Any]]:
+    return {r["policy"]: r for r in results if r["panel"] == panel and r["workload"] == workload}
+
+
+def best_policies(rows: dict[str, dict[str, Any]]) -> set[str]:
+    """Non-oracle policies within ``TIE`` of the highest non-oracle throughput (each tied one counts)."""
+    rival = {p: r["rows_per_s"] for p, r in rows.items() if p != "oracle"}
+    top = max(rival.values(), default=0.0)
+    return {p for p, v in rival.items() if top > 0 and v >= (1.0 - TIE) * top}
+
+
+def summary_rows(results: list[dict[str, Any]], policies: list[str]) -> list[dict[str, Any]]:
+    """Per policy over every workload: mean and worst ratio to the oracle, workloads where it is best
+    among the non-oracle policies, total OOMs. The mean weighs each workload alike."""
+    keys = _workloads(results)
+    tables = [_rows_of(results, *k) for k in keys]
+    out = []
+    for name in policies:
+        mine = [(k, t[name]) for k, t in zip(keys, tables, strict=True) if name in t]
+        ratios = [(r["oracle_ratio"], k[1]) for k, r in mine if r["oracle_ratio"] is not None]
+        worst = min(ratios, default=None)
+        out.append(
+            {
+                "policy": name,
+                "workloads": len(mine),
+                "mean / oracle": f"{np.mean([v for v, _ in ratios]):.3f}" if ratios else None,
+                "worst / oracle": f"{worst[0]:.2f} ({worst[1]})" if worst else None,
+                "best": "-" if name == "oracle" else sum(name in best_policies(t) for t in tables),
+                "OOMs": sum(r["ooms"] for _, r in mine),
+            }
+        )
+    return out
+
+
+def ties_or_beats(results: list[dict[str, Any]], policy: str = "intune") -> list[str]:
+    """One line per workload where another non-oracle policy's throughput is at least ``1 - TIE`` of
+    ``policy``'s: its losses and ties, to read beside its wins."""
+    lines = []
+    for key in _workloads(results):
+        rows = _rows_of(results, *key)
+        if policy not in rows:
+            continue
+        mine = rows[policy]["rows_per_s"]
+        rivals = sorted(
+            (
+                (r["rows_per_s"] / mine, p)
+                for p, r in rows.items()
+                if p not in (policy, "oracle") and mine > 0
+            ),
+            reverse=True,
+        )
+        hits = [f"{p} {v:.3f}x" for v, p in rivals if v >= 1.0 - TIE]
+        if hits:
+            ratio = rows[policy]["oracle_ratio"]
+            mark = f"{ratio:.2f} of the oracle" if ratio is not None else "no oracle"
+            lines.append(f"- {key[1]} ({PANELS.get(key[0], key[0])}): {policy} {mark}; " + ", ".join(hits))
+    return lines
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    """``throughput / none · ratio to the oracle · OOMs · convergence``."""
+    if row is None:
+        return "-"
+    norm = "-" if row["throughput_norm"] is None else f"{row['throughput_norm']:.1f}"
+    ratio = "-" if row["oracle_ratio"] is None else f"{row['oracle_ratio']:.2f}"
+    return f"{norm} · {ratio} · {row['ooms']} · {_conv_cell(row['convergence_ticks'])}"
+
+
+def workload_rows(results: list[dict[str, Any]], policies: list[str]) -> list[dict[str, Any]]:
+    """One row per workload, one cell per policy (``_cell``)."""
+    out = []
+    for panel, workload in _workloads(results):
+        rows = _rows_of(results, panel, workload)
+        out.append(
+            {
+                "panel": PANELS.get(panel, panel),
+                "workload": workload,
+                **{p: _cell(rows.get(p)) for p in policies},
+            }
+        )
+    return out
+
+
+def markdown_report(
+    results: list[dict[str, Any]],
+    policies: list[str],
+    machine: dict[str, Any],
+    command: str,
+    context: list[str],
+) -> str:
+    """The command, date and machine; the per-policy summary; intune's losses and ties; every workload."""
+    n = len(_workloads(results))
+    lines = [
+        f"# `{command}`",
+        "",
+        f"Date: {machine.get('time_utc')}. Machine: {machine.get('usable_cpus')} usable CPUs of {machine.get('host_cpus')}, "
+        f"{machine.get('platform')}, Python {machine.get('python')}, numpy {machine.get('numpy')}.",
+        "",
+        *context,
+        "",
+        f"## Summary over all {n} workloads",
+        "",
+        "Ratio to the oracle's mean throughput, the mean weighing each workload alike (most workloads are",
+        f"variants of production); best: within {TIE:.0%} of the highest non-oracle throughput (ties count for",
+        "each); OOMs: kills over all workloads.",
+        "",
+        format_table(summary_rows(results, policies)),
+        "",
+    ]
+    losses = ties_or_beats(results)
+    if "intune" in policies:
+        lines += [
+            f"## Where intune loses or ties (another policy within {TIE:.0%} of it, or above)",
+            "",
+            *(losses or ["- nowhere"]),
+            "",
+        ]
+    lines += [
+        "## Every workload",
+        "",
+        "Cell: throughput / none's · ratio to the oracle · OOMs · convergence (mean ticks to 95% of the",
+        "phase optimum after the start and each resize, over the phases that reached it; reached / phases).",
+        "",
+        format_table(workload_rows(results, policies)),
+        "",
+    ]
+    return "\n".join(lines)
