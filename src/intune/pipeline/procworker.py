@@ -6,11 +6,17 @@ nor its ``__main__`` are involved; the function is sent once with cloudpickle so
 never waits for the parent between chunks; each slot has its own reused input and output
 shared-memory segments), detect a death at once (end-of-file on its socket), ``restart`` and re-send
 the chunks in flight, stop. A parked worker is a child blocked in ``recv`` on its socket: it uses no
-CPU. This module must not know about channels, ordering or how many deaths are too many (the pool).
+CPU. A child that cannot load the function says so (``WorkerInitError``: not a death, not a chunk's
+failure); a chunk held longer than ``collect``'s ``timeout_s`` gets its child killed (``ChunkTimeout``).
+A child whose parent died (end-of-file, parent gone) unlinks the parent's segments of its worker, and the
+first worker a process starts sweeps the segments of dead processes. This module must not know about
+channels, ordering, or how many deaths or timeouts are too many (the pool).
 """
 
 from __future__ import annotations
 
+import errno
+import math
 import os
 import pickle
 import select
@@ -46,7 +52,45 @@ class RemoteError(Exception):
         super().__init__(message)
 
 
+class WorkerInitError(Exception):
+    """The child could not load the function (e.g. it needs a module the child cannot import).
+
+    Every chunk would fail the same way, so it is neither retried (like a death) nor one chunk's failure
+    (``on_error="skip"`` would drop them all): the pool fails the epoch with it.
+    """
+
+    def __init__(self, message: str, remote_traceback: str) -> None:
+        self.message = message
+        self.remote_traceback = remote_traceback
+        super().__init__(f"the process worker could not load the function: {message}")
+
+
+class ChunkTimeout(Exception):
+    """The oldest chunk in flight stayed in the child's hands longer than ``seconds``.
+
+    The child has been killed; the chunks in flight are kept (``restart`` re-sends them) and the
+    oldest one's ``oldest_deaths`` count includes this kill.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(f"a chunk took longer than {seconds:g}s in a process worker (the worker was killed)")
+
+
 SLOTS = 2  # chunks in flight per child
+_READY, _INIT_ERROR, _NO_SPACE = "ready", "init-error", "no-space"  # reply kinds besides ok / error
+_sweep_lock = threading.Lock()
+_swept = False
+
+
+def _sweep_once() -> None:
+    """Remove the segments of dead processes, once per process (before its first child starts)."""
+    global _swept
+    with _sweep_lock:
+        if _swept:
+            return
+        _swept = True
+        shm.sweep_stale()
 
 
 def send(conn: Connection, message: Any) -> None:
@@ -59,56 +103,104 @@ def recv(conn: Connection) -> Any:
 
 
 def child_main(fd: int) -> None:
-    """The child's loop: receive a task, apply the function, reply with the result's layout."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    conn = Connection(fd)
-    fn_blob, prefix, sys_path = conn.recv()
-    sys.path[:] = sys_path
-    import cloudpickle
+    """The child: load the function (or report why it cannot), then serve tasks until told to stop.
 
-    fn = cloudpickle.loads(fn_blob)
-    inputs = [shm.Mapping_() for _ in range(SLOTS)]
+    The first reply is ``ready`` or ``init-error``. On end-of-file with the parent gone (SIGKILL: it
+    could not clean up), the child unlinks the parent's segments of this worker before leaving.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    first_ppid = os.getppid()
+    conn = Connection(fd)
+    fn_blob, prefix, sys_path, parent_pid, base = conn.recv()
+    sys.path[:] = sys_path
+    try:
+        import cloudpickle
+
+        fn = cloudpickle.loads(fn_blob)
+    except BaseException as exc:  # noqa: BLE001 - the parent raises it as WorkerInitError
+        _reply(conn, (0, _INIT_ERROR, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return
+    _reply(conn, (0, _READY))
     outputs = [shm.Segment(f"{prefix}-out{slot}-") for slot in range(SLOTS)]
+    try:
+        told_to_stop = _serve(conn, fn, outputs)
+    finally:
+        for segment in outputs:
+            segment.close()
+    if not told_to_stop and _parent_gone(parent_pid, first_ppid):
+        shm.remove_prefix(f"{base}-")
+
+
+def _reply(conn: Connection, reply: tuple) -> bool:
+    """Send ``reply``; False if the parent's end is closed."""
+    try:
+        send(conn, reply)
+    except OSError:
+        return False
+    return True
+
+
+def _serve(conn: Connection, fn: Any, outputs: list[shm.Segment]) -> bool:
+    """Apply ``fn`` to each task until the parent says stop (True) or its end closes (False)."""
+    inputs = [shm.Mapping_() for _ in range(SLOTS)]
     while True:
         try:
             message = recv(conn)
         except (EOFError, OSError):
-            message = None
+            return False
         if message is None:
-            for segment in outputs:
-                segment.close()
-            return
-        task_id, slot, name, size, layout = message
-        in_buffer = inputs[slot].follow(name, size)
-        output = outputs[slot]
-        cpu0 = time.process_time()
-        try:
-            views = shm.read((in_buffer, None), layout, copy=False)
-            passthrough = {id(v): entry for v, entry in zip(views.values(), layout, strict=True)}
-            result = fn(views)
-            if not isinstance(result, dict):
-                raise TypeError(f"the map function must return a dict of arrays, got {type(result).__name__}")
-            out_layout, out_size = shm.plan(result, shm.OUT, passthrough)
-            if out_size:
-                output.ensure(out_size)
-                shm.write(output.buffer, result, out_layout, shm.OUT)
-            del result, views
-            reply = (task_id, "ok", output.name, output.size, out_layout, time.process_time() - cpu0)
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
-            text = traceback.format_exc()
-            reply = (task_id, "error", f"{type(exc).__name__}: {exc}", text, time.process_time() - cpu0)
-        send(conn, reply)
+            return True
+        if not _reply(conn, _apply(fn, message, inputs, outputs)):
+            return False
+
+
+def _apply(fn: Any, message: tuple, inputs: list[shm.Mapping_], outputs: list[shm.Segment]) -> tuple:
+    """One task: read the chunk in place, apply ``fn``, lay the result out; the reply to send."""
+    task_id, slot, name, size, layout = message
+    in_buffer = inputs[slot].follow(name, size)
+    output = outputs[slot]
+    cpu0 = time.process_time()
+    try:
+        views = shm.read((in_buffer, None), layout, copy=False)
+        passthrough = {id(v): entry for v, entry in zip(views.values(), layout, strict=True)}
+        result = fn(views)
+        if not isinstance(result, dict):
+            raise TypeError(f"the map function must return a dict of arrays, got {type(result).__name__}")
+        out_layout, out_size = shm.plan(result, shm.OUT, passthrough)
+        if out_size:
+            output.ensure(out_size)
+            shm.write(output.buffer, result, out_layout, shm.OUT)
+        del result, views
+        return (task_id, "ok", output.path, output.size, out_layout, time.process_time() - cpu0)
+    except shm.SegmentSpaceError as exc:  # no room for the result: not the function's failure
+        return (task_id, _NO_SPACE, str(exc))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+        text = traceback.format_exc()
+        return (task_id, "error", f"{type(exc).__name__}: {exc}", text, time.process_time() - cpu0)
+
+
+def _parent_gone(parent_pid: int, first_ppid: int, wait_s: float = 2.0) -> bool:
+    """Whether the parent died. End-of-file reaches the child before the kernel re-parents it (a dying
+    process closes its files first), so a live-looking parent is re-checked for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if os.getppid() != first_ppid or not shm.pid_alive(parent_pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
 
 
 class _Task:
     """A chunk sent to the child and not yet collected (kept to re-send it after a death)."""
 
-    __slots__ = ("task_id", "chunk", "deaths")
+    __slots__ = ("task_id", "chunk", "deaths", "sent_at")
 
     def __init__(self, task_id: int, chunk: dict) -> None:
         self.task_id = task_id
         self.chunk = chunk
         self.deaths = 0
+        self.sent_at = 0.0  # time.monotonic() of the last send (a restart re-sends)
 
 
 class ProcessWorker:
@@ -120,12 +212,13 @@ class ProcessWorker:
         self._proc: Any = None
         self._conn: Any = None
         self._poller: Any = None
-        base = f"intune-{os.getpid()}-{label}"
-        self._inputs = [shm.Segment(f"{base}-in{slot}-") for slot in range(SLOTS)]
+        self._base = f"intune-{os.getpid()}-{label}"
+        self._inputs = [shm.Segment(f"{self._base}-in{slot}-") for slot in range(SLOTS)]
         self._outputs = [shm.Mapping_() for _ in range(SLOTS)]
         self._pending: deque[_Task] = deque()
         self._life = threading.Lock()  # kill() may come from the pool thread and from close() at once
         self._task = 0
+        self._last_reply = 0.0  # time.monotonic() when the child last answered (a result or ready)
         self._generation = 0
         self._closed = False
         self.pickled_columns = 0  # object-dtype columns pickled through the pipe (both ways): slow
@@ -150,6 +243,7 @@ class ProcessWorker:
     def start(self) -> None:
         if self._closed:
             raise Stopped  # closed: no child may start any more (a pool thread racing with close)
+        _sweep_once()
         self._generation += 1
         parent, child = socket.socketpair()
         env = dict(os.environ)
@@ -174,7 +268,7 @@ class ProcessWorker:
             self._conn = Connection(parent.detach())
         self._poller = select.poll()
         self._poller.register(self._conn.fileno(), select.POLLIN)
-        self._conn.send((self._fn_blob, self._prefix(), list(sys.path)))
+        self._conn.send((self._fn_blob, self._prefix(), list(sys.path), os.getpid(), self._base))
 
     def ensure_started(self) -> None:
         """Start the child now if it has none (a pool starts its children with the epoch, so that their
@@ -199,32 +293,30 @@ class ProcessWorker:
         segment = self._inputs[slot]
         segment.ensure(size)
         shm.write(segment.buffer, task.chunk, layout, shm.IN)
+        task.sent_at = time.monotonic()
         try:
-            send(self._conn, (task.task_id, slot, segment.name, segment.size, layout))
+            send(self._conn, (task.task_id, slot, segment.path, segment.size, layout))
         except (BrokenPipeError, OSError):
             pass  # the child is gone: collect() sees end-of-file and reports it
 
-    def collect(self, stop: threading.Event) -> tuple[dict, float]:
+    def collect(self, stop: threading.Event, timeout_s: float | None = None) -> tuple[dict, float]:
         """The result of the oldest chunk in flight: (result, child CPU seconds).
 
         Raises ``WorkerDied`` (the child is gone; ``restart`` re-sends the chunks in flight),
-        ``RemoteError`` (the function raised on the oldest chunk, which is then dropped) or
+        ``RemoteError`` (the function raised on the oldest chunk, which is then dropped),
+        ``WorkerInitError`` (the child could not load the function; the child is ended, the chunks
+        dropped), ``ChunkTimeout`` (the oldest chunk was in the child's hands more than ``timeout_s``:
+        see ``_deadline``; the child is killed, the chunks kept for ``restart``),
+        ``shm.SegmentSpaceError`` (no room for the result anywhere; the chunks are kept) or
         ``Stopped`` when ``stop`` is set while waiting (the child is killed, the chunks dropped).
         """
         task = self._pending[0]
-        while True:
-            # a poll object made once per child: multiprocessing's wait() builds a selector per call
-            ready = self._poller.poll(100)
-            if stop.is_set():
-                self.kill()
-                raise Stopped
-            if ready:  # a reply, or end-of-file because the child is gone
-                try:
-                    reply = recv(self._conn)
-                except (EOFError, OSError):
-                    task.deaths += 1
-                    raise WorkerDied(self._exitcode()) from None
-                break
+        reply = self._next_reply(task, stop, timeout_s)
+        if reply[1] == _INIT_ERROR:
+            self.kill()
+            raise WorkerInitError(reply[2], reply[3])
+        if reply[1] == _NO_SPACE:
+            raise shm.SegmentSpaceError(errno.ENOSPC, reply[2])
         if reply[0] != task.task_id:
             raise RuntimeError(f"process worker replied to task {reply[0]}, expected {task.task_id}")
         self._pending.popleft()
@@ -237,6 +329,45 @@ class ProcessWorker:
         out_buffer = self._outputs[slot].follow(out_name, out_size) if out_name else None
         # copy out: both segments of this slot are reused by a later chunk
         return shm.read((self._inputs[slot].buffer, out_buffer), out_layout, copy=True), cpu
+
+    def _next_reply(self, task: _Task, stop: threading.Event, timeout_s: float | None) -> tuple:
+        """The child's next reply other than ``ready``, waiting in steps of at most 100 ms."""
+        while True:
+            wait_ms = 100
+            if timeout_s is not None:
+                left = self._deadline(task, timeout_s) - time.monotonic()
+                wait_ms = max(0, min(wait_ms, math.ceil(left * 1000)))
+            # a poll object made once per child: multiprocessing's wait() builds a selector per call
+            ready = self._poller.poll(wait_ms)
+            if stop.is_set():
+                self.kill()
+                raise Stopped
+            if ready:  # a reply, or end-of-file because the child is gone
+                try:
+                    reply = recv(self._conn)
+                except (EOFError, OSError):
+                    task.deaths += 1
+                    raise WorkerDied(self._exitcode()) from None
+                self._last_reply = time.monotonic()
+                if reply[1] != _READY:
+                    return reply
+            elif timeout_s is not None and time.monotonic() >= self._deadline(task, timeout_s):
+                task.deaths += 1
+                self.kill(drop_pending=False)
+                raise ChunkTimeout(timeout_s)
+
+    def _deadline(self, task: _Task, timeout_s: float) -> float:
+        """When the oldest chunk has been the child's for ``timeout_s``: counted from its send or from
+        the child's last answer, whichever is later, so that a chunk queued behind another one (or
+        behind a fresh child's start) is not charged for that wait."""
+        return max(task.sent_at, self._last_reply) + timeout_s
+
+    def drop_oldest(self) -> None:
+        """Forget the oldest chunk in flight (given up on after a ``ChunkTimeout`` or a death, while
+        the child is gone): ``restart`` then re-sends only the others."""
+        if self.pid is not None:
+            raise RuntimeError("drop_oldest() needs the child gone (the chunk may be in its hands)")
+        self._pending.popleft()
 
     def oldest_deaths(self) -> int:
         """How many children died while the oldest chunk in flight was in their hands."""

@@ -8,22 +8,39 @@ copy (a new tmpfs page must be allocated and zeroed for every byte). An output c
 of the input views (a pass-through column) is not copied by the child: its layout entry points into
 the input segment. Only the small layout crosses the pipe. Columns of ``object`` dtype are pickled
 into the layout (slow path: the Parquet reader gives strings as fixed-width ``S`` / ``U`` arrays so
-that they do not take it; a UDF returning object arrays does, and the worker counts it). This module must not know about processes or pools.
+that they do not take it; a UDF returning object arrays does, and the worker counts it).
+
+Also owns where a segment's bytes live. A segment's space is reserved when it is created
+(``posix_fallocate``): ``ftruncate`` alone leaves a sparse tmpfs file, and the first write past a full
+``/dev/shm`` (Docker's default is 64 MiB) kills the writer with SIGBUS. When ``/dev/shm`` has no room, the
+segment becomes a file-backed mapping in the fallback directory (``$INTUNE_SHM_FALLBACK_DIR``, else the
+temporary directory), with one warning per process; when neither has room, ``SegmentSpaceError``. The
+reading side is given the segment's full path, so it finds it in either place. Segment names start with
+``intune-<pid of the process that owns them>-``: ``sweep_stale`` removes those of dead processes. This
+module must not know about workers or pools (only that a segment's name carries its owner's pid).
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import math
 import mmap
 import os
 import pickle
+import re
+import tempfile
+import threading
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 SHM_DIR = "/dev/shm"
+FALLBACK_ENV = "INTUNE_SHM_FALLBACK_DIR"  # where segments go when /dev/shm is full
+MIN_SEGMENT = 1 << 16
+GROWTH = 1.5  # a segment that grows takes this much more than asked, space permitting
 ALIGN = 64
 IN, OUT, PICKLED = 0, 1, 2
 
@@ -91,30 +108,144 @@ def read(buffers: tuple[Any, Any], layout: Layout, copy: bool) -> dict[str, np.n
     return out
 
 
+class SegmentSpaceError(OSError):
+    """Neither ``/dev/shm`` nor the fallback directory has room for a segment (errno ENOSPC)."""
+
+
+_warn_lock = threading.Lock()
+_warned = False
+
+
+def fallback_dir() -> str:
+    """The directory for file-backed segments: ``$INTUNE_SHM_FALLBACK_DIR``, else the temporary directory.
+
+    Read at each call, so that a process can point it elsewhere at any time."""
+    return os.environ.get(FALLBACK_ENV) or tempfile.gettempdir()
+
+
+def places() -> list[str]:
+    """Where segments may live, in order of preference: ``/dev/shm``, then the fallback directory."""
+    fallback = fallback_dir()
+    if os.path.realpath(fallback) == os.path.realpath(SHM_DIR):
+        return [SHM_DIR]
+    return [SHM_DIR, fallback]
+
+
+def free_bytes(directory: str) -> int | None:
+    """Bytes an unprivileged writer may still allocate in ``directory`` (None if it cannot be asked)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def _reserve(path: str, size: int) -> mmap.mmap:
+    """Create ``path`` with ``size`` bytes allocated for real, and map it.
+
+    ``posix_fallocate`` makes a full filesystem fail here with ENOSPC, where a sparse file (``ftruncate``)
+    would fail later with SIGBUS on the first write past the space. A filesystem that cannot allocate
+    ahead (EOPNOTSUPP / EINVAL) gets a sparse file: the best that can be done there.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    except BaseException:
+        _unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _sizes(grown: int, needed: int, free: int | None) -> list[int]:
+    """The sizes worth trying in a place with ``free`` bytes: the grown size, else exactly the need."""
+    sizes = [grown] if grown == needed else [grown, needed]
+    return [size for size in sizes if free is None or size <= free]
+
+
+def _warn_fallback(directory: str, size: int) -> None:
+    """Warn once per process that segments spill out of ``/dev/shm`` (slower, and usually a too-small
+    ``/dev/shm``: Docker's default is 64 MiB)."""
+    global _warned
+    with _warn_lock:
+        if _warned:
+            return
+        _warned = True
+    warnings.warn(
+        f"intune: {SHM_DIR} has no room for a {_mib(size)} shared-memory segment "
+        f"({_mib(free_bytes(SHM_DIR) or 0)} free); using file-backed memory in {directory} instead "
+        f"(slower). Give {SHM_DIR} more space (e.g. docker run --shm-size=2g) or set {FALLBACK_ENV}.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 class Segment:
-    """A named shared-memory segment that one side writes and grows, and the other side maps."""
+    """A named shared-memory segment that one side writes and grows, and the other side maps.
+
+    ``path`` is where it lives (``/dev/shm`` or the fallback directory): it is what crosses the pipe.
+    """
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix
         self._count = 0
         self.name = ""
+        self.path = ""
         self.size = 0
         self.buffer: mmap.mmap | None = None
 
     def ensure(self, size: int) -> None:
-        """Make room for ``size`` bytes (a new, larger segment replaces the old one)."""
+        """Make room for ``size`` bytes (a new, larger segment replaces the old one).
+
+        Tries ``/dev/shm`` then the fallback directory, each with the grown size (``GROWTH`` times the
+        old one, so that a slowly growing chunk does not re-create its segment every time) and then
+        exactly ``size``. The old segment is released first: its space counts against the same
+        filesystem. Raises ``SegmentSpaceError`` when no place has room.
+        """
         if self.buffer is not None and size <= self.size:
             return
+        needed = max(size, 1)  # a zero-length file cannot be mapped
+        grown = max(needed, MIN_SEGMENT, int(self.size * GROWTH))
         self.close()
-        self.size = max(size, 1 << 16, int(self.size * 1.5))
-        self.name = f"{self._prefix}{self._count}"
-        self._count += 1
-        fd = os.open(os.path.join(SHM_DIR, self.name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, self.size)
-            self.buffer = mmap.mmap(fd, self.size)
-        finally:
-            os.close(fd)
+        self.size = 0
+        tried: list[str] = []
+        for directory in places():
+            free = free_bytes(directory)
+            sizes = _sizes(grown, needed, free)
+            if not sizes:
+                tried.append(f"{directory}: {_mib(free or 0)} free")
+            for want in sizes:
+                try:
+                    self._create(directory, want)
+                except OSError as exc:
+                    tried.append(f"{directory}: {exc.strerror or exc}")
+                    continue
+                if directory != SHM_DIR:
+                    _warn_fallback(directory, needed)
+                return
+        raise SegmentSpaceError(
+            errno.ENOSPC,
+            f"no room for a {_mib(needed)} shared-memory segment ({'; '.join(tried)}). "
+            f"Give {SHM_DIR} more space (e.g. docker run --shm-size=2g) or point {FALLBACK_ENV} "
+            "at a directory with room",
+        )
+
+    def _create(self, directory: str, size: int) -> None:
+        name = f"{self._prefix}{self._count}"
+        self._count += 1  # a failed try may leave nothing behind, but its name is not reused
+        path = os.path.join(directory, name)
+        self.buffer = _reserve(path, size)
+        self.name, self.path, self.size = name, path, size
 
     def close(self) -> None:
         if self.buffer is not None:
@@ -123,9 +254,9 @@ class Segment:
             except BufferError:  # a view is still alive somewhere; the mapping goes with it
                 pass
             self.buffer = None
-        if self.name:
-            remove(self.name)
-            self.name = ""
+        if self.path:
+            _unlink(self.path)
+        self.name = self.path = ""
 
 
 class Mapping_:
@@ -136,10 +267,11 @@ class Mapping_:
         self.buffer: mmap.mmap | None = None
 
     def follow(self, name: str, size: int) -> mmap.mmap | None:
+        """Map the writer's segment ``name`` (its full path; a bare name is looked for in ``/dev/shm``)."""
         if name != self.name:
             self.close()
             if size:
-                fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+                fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)  # an absolute name wins the join
                 try:
                     self.buffer = mmap.mmap(fd, size)
                 finally:
@@ -157,19 +289,67 @@ class Mapping_:
         self.name = ""
 
 
-def remove(name: str) -> None:
+def _unlink(path: str) -> bool:
     try:
-        os.unlink(os.path.join(SHM_DIR, name))
+        os.unlink(path)
     except FileNotFoundError:
-        pass
+        return False
+    return True
+
+
+def remove(name: str) -> None:
+    """Unlink segment ``name`` (a full path, or a bare name in ``/dev/shm``)."""
+    _unlink(os.path.join(SHM_DIR, name))
 
 
 def remove_prefix(prefix: str) -> int:
-    """Unlink every segment whose name starts with ``prefix`` (left behind by a killed worker)."""
-    paths = glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "*"))
-    for path in paths:
+    """Unlink every segment whose name starts with ``prefix`` (left behind by a killed worker), in
+    ``/dev/shm`` and in the fallback directory."""
+    removed = 0
+    for directory in places():
+        for path in glob.glob(os.path.join(directory, glob.escape(prefix) + "*")):
+            removed += _unlink(path)
+    return removed
+
+
+_OWNED = re.compile(r"intune-(\d+)-")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts; so does one this user may not signal)."""
+    if pid <= 0:
+        return True  # not a process id: never treat it as dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def sweep_stale() -> int:
+    """Unlink the ``intune-<pid>-*`` segments of processes that no longer exist; returns how many.
+
+    A SIGKILLed consumer cannot clean up, and its segments would hold memory until reboot. A segment
+    whose owner pid is alive is never touched (even if the pid was reused: the cost is a leak, not a
+    corrupted live segment). Only plain files are considered.
+    """
+    removed = 0
+    for directory in places():
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    return len(paths)
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            match = _OWNED.match(entry.name)
+            if match is None or pid_alive(int(match.group(1))):
+                continue
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    removed += _unlink(entry.path)
+            except OSError:  # another user's file in a shared /tmp: not ours to remove
+                continue
+    return removed
