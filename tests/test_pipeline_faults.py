@@ -14,7 +14,7 @@ import pytest
 
 import intune
 from _exactly_once import assert_exactly_once, delivered_ids
-from intune.pipeline import SourceError, StageError, WorkerLostError
+from intune.pipeline import PipelineClosedError, SourceError, StageError, WorkerLostError
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -169,7 +169,12 @@ def test_close_with_busy_process_workers_is_fast_and_leaves_no_child():
         .prefetch(2)
     )
     it = iter(pipe)
-    reader = threading.Thread(target=lambda: list(it), daemon=True)
+
+    def read_until_closed() -> None:
+        with pytest.raises(PipelineClosedError):
+            list(it)
+
+    reader = threading.Thread(target=read_until_closed, daemon=True)
     reader.start()
     deadline = time.monotonic() + 10
     while len(pipe.stage("map").worker_pids()) < 3 and time.monotonic() < deadline:

@@ -19,6 +19,10 @@ _LAZY = {
     "monitor": ("intune.monitor", None),
     "tune": ("intune.tuner", "tune"),
     "Tuner": ("intune.tuner", "Tuner"),
+    "PipelineError": ("intune.pipeline.errors", "PipelineError"),
+    "PipelineClosedError": ("intune.pipeline.errors", "PipelineClosedError"),
+    "SchemaError": ("intune.pipeline.errors", "SchemaError"),
+    "StageTimeoutError": ("intune.pipeline.errors", "StageTimeoutError"),
 }
 
 __all__ = ["__version__", *_LAZY]

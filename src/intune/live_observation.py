@@ -70,6 +70,7 @@ def observe_stage(
         blocked=fraction(d_blocked),
         queue_fill=min(1.0, max(0.0, cur.queue_fill)),
         buffered_bytes=float(cur.buffered_bytes),
+        stalled=bool(cur.stalled),
     )
 
 

@@ -38,6 +38,7 @@ class StageObservation:
     blocked: float  # fraction of worker time waiting for room downstream
     queue_fill: float  # output queue fullness in [0, 1]
     buffered_bytes: float  # bytes held by this stage
+    stalled: bool = False  # work in hand without progress past the stall bound: hung, not slow
 
     @property
     def cpu_share(self) -> float | None:

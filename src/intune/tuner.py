@@ -24,7 +24,7 @@ from intune.knobs import Knob
 from intune.live_observation import observe
 from intune.monitor import MachineSample, Monitor
 from intune.observation import Observation, reward
-from intune.policies import Policy, clamp_request, make
+from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, Policy, clamp_request, make
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,7 @@ class Tuner:
                 machine.cpus + obs.cpu_slack,
                 machine.memory_free_bytes,
                 light=[f"{stage}.workers" for stage in obs.light_stages()],
+                hold=[f"{s.name}.workers" for s in obs.stages if s.stalled],
             )
             decision_ms = (time.perf_counter() - t0) * 1e3
             decision_cpu_ms = (time.thread_time() - c0) * 1e3
@@ -353,6 +354,7 @@ class Tuner:
                     "blocked": round(s.blocked, 4),
                     "queue_fill": round(s.queue_fill, 4),
                     "buffered_bytes": s.buffered_bytes,
+                    "stalled": s.stalled,
                 }
                 for s in obs.stages
             },
@@ -374,6 +376,11 @@ def tune(
     batch. ``policy_kwargs`` go to ``make`` and are refused with an instance.
     """
     if isinstance(policy, str):
+        if policy in SIMULATOR_ONLY:
+            raise ValueError(
+                f"policy {policy!r} runs in the simulator only (it needs the workload's true costs); "
+                f"live policies are {[p for p in POLICY_NAMES if p not in SIMULATOR_ONLY]}"
+            )
         policy = make(policy, **policy_kwargs)
     elif policy_kwargs:
         raise TypeError(

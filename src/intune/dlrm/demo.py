@@ -85,6 +85,7 @@ class LiveView:
         table.add_column("busy %", justify="right")
         table.add_column("queue fill", justify="right")
         table.add_column("MB held", justify="right")
+        table.add_column("state")
         for name, s in now.stages.items():
             table.add_row(
                 name,
@@ -92,6 +93,7 @@ class LiveView:
                 f"{min(self._busy.get(name, 0.0), 100.0):.0f}",
                 f"{s.queue_fill:.2f}",
                 f"{s.buffered_bytes / 1e6:.1f}",
+                f"[bold red]stalled {s.stalled_s:.0f} s[/]" if s.stalled else "",
             )
         table.caption = (
             f"rows/s {now.rows_per_s:,.0f} | trainer idle {t.idle_pct if t else 0:.0f}% | "

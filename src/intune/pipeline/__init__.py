@@ -9,6 +9,23 @@ and ``criteo`` (readers), ``columns`` (Arrow columns as numpy: strings as fixed-
 """
 
 from intune.pipeline.engine import Pipeline
-from intune.pipeline.errors import PipelineError, SourceError, StageError, WorkerLostError
+from intune.pipeline.errors import (
+    PipelineClosedError,
+    PipelineError,
+    SchemaError,
+    SourceError,
+    StageError,
+    StageTimeoutError,
+    WorkerLostError,
+)
 
-__all__ = ["Pipeline", "PipelineError", "SourceError", "StageError", "WorkerLostError"]
+__all__ = [
+    "Pipeline",
+    "PipelineClosedError",
+    "PipelineError",
+    "SchemaError",
+    "SourceError",
+    "StageError",
+    "StageTimeoutError",
+    "WorkerLostError",
+]

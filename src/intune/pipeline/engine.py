@@ -24,10 +24,11 @@ from intune.pipeline.chunks import Chunk
 from intune.pipeline.columns import STRINGS
 from intune.pipeline.epoch import ConsumerStats, Epoch, EpochIterator
 from intune.pipeline.metrics import PipelineMetrics
+from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
-from intune.pipeline.stages import MapStage, ReadStage, Stage, check_int
+from intune.pipeline.stages import STALL_AFTER_S, MapStage, ReadStage, Stage, check_int, check_seconds
 
 _PIPELINE_IDS = itertools.count()
 
@@ -38,13 +39,16 @@ def default_max_workers() -> int:
 
 
 def default_max_mb() -> int:
-    """Upper bound of every ``<stage>.buffer_mb`` knob: half the host's memory."""
-    try:
-        import psutil
+    """Upper bound of every ``<stage>.buffer_mb`` knob: half the memory this process may use, the
+    cgroup's limit where one is set (a container's limit, not the host's RAM: a buffer sized from the
+    host gets the job OOM-killed before any tuner could react)."""
+    from intune.monitor import memory_usage
 
-        return max(64, int(psutil.virtual_memory().total // (2 << 20)))
-    except Exception:  # psutil is a dependency, but stay usable without it
-        return 4096
+    try:
+        _, limit = memory_usage()
+    except OSError:
+        limit = 0
+    return max(16, int(limit // (2 << 20))) if limit > 0 else 4096
 
 
 class Pipeline:
@@ -65,10 +69,14 @@ class Pipeline:
         max_workers: int | None = None,
         max_mb: int | None = None,
         name: str = "read",
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
         self.deterministic = bool(deterministic)
-        self.max_workers = check_int("max_workers", max_workers or default_max_workers(), 1)
-        self.max_mb = check_int("max_mb", max_mb or default_max_mb(), 1)
+        self.stall_after_s = check_seconds("stall_after_s", stall_after_s)
+        self.max_workers = check_int(
+            "max_workers", default_max_workers() if max_workers is None else max_workers, 1
+        )
+        self.max_mb = check_int("max_mb", default_max_mb() if max_mb is None else max_mb, 1)
         self.label = f"p{os.getpid()}x{next(_PIPELINE_IDS)}"
         self._stages: list[Stage] = []
         self._knobs: dict[str, Knob] = {}
@@ -89,6 +97,8 @@ class Pipeline:
         columns: Sequence[str] | None = None,
         chunk_rows: int = 8192,
         strings: str = "bytes",
+        schema: Mapping[str, Any] | None = None,
+        widen: bool = False,
         **options: Any,
     ) -> Pipeline:
         """Parquet files (a glob or paths), read a row group per unit in chunks of <= ``chunk_rows``.
@@ -101,22 +111,40 @@ class Pipeline:
         ``U`` arrays a null is the empty value; see ``intune.pipeline.columns`` for the exceptions
         (values ending in NUL, very uneven lengths) that stay object arrays. A missing file raises
         ``FileNotFoundError`` here; an unreadable one ``SourceError`` naming it when read.
+
+        Every chunk has the files' schema (``intune.pipeline.schema``): a requested column that the
+        first file lacks raises ``SchemaError`` here; files with other columns or types raise it when
+        the first epoch starts, naming both files, the column and both types. An integer column with a
+        null anywhere is float64 (NaN for null) in every chunk. ``widen=True`` reads files whose types
+        differ as one type that holds every value exactly (int32 and int64 as int64); ``schema``
+        (``{column: dtype}``) states the types to read, converted where every value survives.
         Options: ``deterministic``, ``max_workers``, ``max_mb`` (see ``Pipeline``).
         """
         chunk_rows = check_int("chunk_rows", chunk_rows, 1)
         if strings not in STRINGS:
             raise ValueError(f"from_parquet: strings must be one of {list(STRINGS)}, got {strings!r}")
-        return cls(ParquetSource(expand_paths(glob_or_paths), columns, chunk_rows, strings), **options)
+        given = Schema.given(schema) if schema is not None else None
+        if given is not None and columns is not None and list(columns) != list(given.columns):
+            raise ValueError(f"from_parquet: columns {list(columns)} and schema {list(given.columns)} differ")
+        source = ParquetSource(expand_paths(glob_or_paths), columns, chunk_rows, strings, given, bool(widen))
+        return cls(source, **options)
 
     @classmethod
     def from_iterable(
         cls,
         chunks: Iterable[Mapping[str, Any]] | Callable[[], Iterable[Mapping[str, Any]]],
         name: str = "read",
+        schema: Mapping[str, Any] | None = None,
+        widen: bool = False,
         **options: Any,
     ) -> Pipeline:
-        """Any chunks: an iterable re-iterated each epoch, or a callable returning one per epoch."""
-        return cls(IterableSource(chunks, name), name=name, **options)
+        """Any chunks: an iterable re-iterated each epoch, or a callable returning one per epoch.
+
+        The first chunk fixes the schema (or ``schema`` states it); a later chunk with other columns or
+        types raises ``SchemaError`` naming it, unless ``widen`` (or a given schema) allows a type that
+        holds every value exactly."""
+        given = Schema.given(schema) if schema is not None else None
+        return cls(IterableSource(chunks, name, given, bool(widen)), name=name, **options)
 
     @classmethod
     def from_criteo_tsv(
@@ -169,8 +197,17 @@ class Pipeline:
         mode: str = "thread",
         on_error: str = "raise",
         workers: int = 1,
+        timeout_s: float | None = None,
     ) -> Pipeline:
         """Apply ``fn`` (chunk -> chunk) in ``thread`` or ``process`` workers (``<name>.workers``).
+
+        ``fn`` returns a dict of arrays of equal lengths (lengths may differ after ``batch``), with the
+        same columns and types for every chunk (the stage's schema, fixed by its first output; another
+        raises ``SchemaError``). ``timeout_s``: a chunk held longer fails the epoch with
+        ``StageTimeoutError`` naming the stage and the chunk (off by default: a slow function is not a
+        hung one). In process mode the hung child is killed, and under ``on_error="skip"`` the chunk is
+        skipped and counted instead; a thread cannot be killed, so in thread mode the error always
+        ends the epoch (use ``mode="process"`` for functions that may hang).
 
         Threads suit code that releases the GIL (numpy, pyarrow); processes suit pure-Python code.
         In process mode ``fn`` is sent with cloudpickle (closures work) and chunks travel through
@@ -185,9 +222,11 @@ class Pipeline:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"map: on_error must be 'raise' or 'skip', got {on_error!r}")
         workers = check_int("workers", workers, 1, self.max_workers)
+        if timeout_s is not None:
+            timeout_s = check_seconds("timeout_s", timeout_s)
         if name is None:
             name = "map" if "map" not in self.stage_names() else f"map{len(self._stages)}"
-        return self._add(MapStage(fn, name, mode, on_error, self.max_workers, workers))
+        return self._add(MapStage(fn, name, mode, on_error, self.max_workers, workers, timeout_s))
 
     def dedup(
         self, groups: Mapping[str, Sequence[str]], name: str = "dedup", mode: str = "thread", workers: int = 1
@@ -224,6 +263,9 @@ class Pipeline:
                 raise ValueError(f"stage name {stage.name!r} must be non-empty and contain no '.'")
             if stage.name in self.stage_names():
                 raise ValueError(f"stage name {stage.name!r} is already used; pass name=")
+            stage.stall_after_s = self.stall_after_s
+            if isinstance(stage, MapStage):
+                stage.after_batch = "batch" in [s.kind for s in self._stages]
             self._stages.append(stage)
             for knob in stage.knobs:
                 self._knobs[knob.name] = knob
@@ -283,7 +325,7 @@ class Pipeline:
             if self._closed:
                 raise ValueError("the pipeline is closed")
             if self._epoch is not None:
-                self._end_epoch(self._epoch)
+                self._end_epoch(self._epoch, reason="superseded")
             epoch = Epoch(self._epochs, self.label, self.deterministic)
             self._epochs += 1
             self._epoch = self._running.epoch = epoch
@@ -295,10 +337,14 @@ class Pipeline:
                 self._end_epoch(epoch)
                 raise
             assert channel is not None
-            return EpochIterator(self, epoch, channel)
+            return EpochIterator(self, epoch, channel, self._skipped_counts)
 
-    def _end_epoch(self, epoch: Epoch) -> None:
-        epoch.halt()
+    def _skipped_counts(self) -> dict[str, int]:
+        """Chunks (and malformed lines) each stage has skipped so far, for the empty-epoch warning."""
+        return {s.name: s.snapshot().skipped for s in self._stages}
+
+    def _end_epoch(self, epoch: Epoch, reason: str = "ended") -> None:
+        epoch.halt(reason)
         epoch.join(timeout=3.0)
         with self._lock:
             if self._epoch is epoch:
@@ -314,7 +360,7 @@ class Pipeline:
             self._closed = True
             epoch = self._epoch
         if epoch is not None:
-            epoch.halt()
+            epoch.halt("closed")
         self._close_stages(self._stages)
         if epoch is not None:
             epoch.join(timeout=2.0)
@@ -376,6 +422,6 @@ class _Running:
     def shutdown(self) -> None:
         """Stop the epoch first (so no worker restarts a child), then end the workers."""
         if self.epoch is not None:
-            self.epoch.halt()
+            self.epoch.halt("closed")
         for stage in self.stages:
             stage.close()

@@ -2,7 +2,9 @@
 
 Owns ``Epoch`` (one pass over the data: the stages' threads and channels, the stop event, the first
 failure), ``EpochIterator`` (what ``iter(pipeline)`` returns: it raises a stage's failure with its
-own cause, ends the epoch at the end of data, and shuts the pipeline down on Ctrl-C) and the
+own cause, ends the epoch at the end of data, raises ``PipelineClosedError`` when the epoch was
+stopped from outside (close, a newer epoch), warns when every row was skipped, and shuts the
+pipeline down on Ctrl-C) and the
 consumer-side counters behind ``rows_per_s`` and ``consumer_step_s``. It must not build stages.
 """
 
@@ -10,12 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from intune.pipeline.channel import END, Channel, Stopped
 from intune.pipeline.chunks import Chunk, RowTable
+from intune.pipeline.errors import PipelineClosedError
 from intune.pipeline.pool import PoolRun
 
 if TYPE_CHECKING:
@@ -33,6 +37,7 @@ class Epoch:
         self.table = RowTable()
         self.pools: list[PoolRun] = []
         self.error: BaseException | None = None
+        self.stop_reason = ""  # why the epoch was stopped: "failed", "closed", "superseded", "ended"
         self._threads: list[threading.Thread] = []
         self._channels: list[Channel] = []
         self._lock = threading.Lock()
@@ -63,9 +68,13 @@ class Epoch:
         with self._lock:
             if self.error is None and not self.stop.is_set():
                 self.error = exc
-        self.halt()
+        self.halt("failed")
 
-    def halt(self) -> None:
+    def halt(self, reason: str = "ended") -> None:
+        """Stop every thread of the epoch; the first ``reason`` given is the one kept."""
+        with self._lock:
+            if not self.stop_reason:
+                self.stop_reason = reason
         self.stop.set()
         for ch in self._channels:
             ch.wake_all()
@@ -99,18 +108,26 @@ class ConsumerStats:
 class EpochIterator:
     """What ``iter(pipeline)`` returns: the consumer's end of the last channel."""
 
-    def __init__(self, pipe: Pipeline, epoch: Epoch, final: Channel) -> None:
+    def __init__(
+        self, pipe: Pipeline, epoch: Epoch, final: Channel, skipped: Callable[[], Mapping[str, int]]
+    ) -> None:
         self._pipe = pipe
         self._epoch = epoch
         self._final = final
         self._last_return: float | None = None
         self._done = False
+        self._closed_error: PipelineClosedError | None = None
+        self._rows = 0
+        self._skipped = skipped
+        self._skipped_at_start = dict(skipped())
 
     def __iter__(self) -> EpochIterator:
         return self
 
     def __next__(self) -> Chunk:
         if self._done:
+            if self._closed_error is not None:
+                raise self._closed_error
             raise StopIteration
         stats = self._pipe._consumer
         t0 = time.monotonic()
@@ -118,24 +135,30 @@ class EpochIterator:
             stats.step_sum += t0 - self._last_return
             stats.step_count += 1
         try:
-            got = self._final.get()
+            # a stopped epoch hands out nothing more, not even what is already buffered
+            got = None if self._epoch.stop.is_set() else self._final.get()
         except Stopped:
             got = None
         except BaseException:  # Ctrl-C in the consumer: shut everything down, then let it through
             self._done = True
             self._pipe.close()
             raise
-        if got is None:  # stopped: by a failure (raise it, with its own cause) or by close()
+        if got is None:  # stopped: by a failure (raise it, with its own cause) or from outside
             self._finish()
             if self._epoch.error is not None:
                 raise self._epoch.error
+            if self._epoch.stop_reason in ("closed", "superseded"):
+                self._closed_error = PipelineClosedError(self._stopped_message())
+                raise self._closed_error
             raise StopIteration
         now = time.monotonic()
         stats.wait_s += now - t0
         if got is END:
             self._finish()
+            self._warn_if_all_skipped()
             raise StopIteration
         item = got[1]
+        self._rows += item.rows
         stats.rows += item.rows
         stats.batches += 1
         if now - stats.marks[-1][0] >= 0.25:
@@ -146,6 +169,34 @@ class EpochIterator:
     def _finish(self) -> None:
         self._done = True
         self._pipe._end_epoch(self._epoch)
+
+    def _stopped_message(self) -> str:
+        why = (
+            "the pipeline was closed"
+            if self._epoch.stop_reason == "closed"
+            else "a new epoch was started on the same pipeline"
+        )
+        return (
+            f"epoch {self._epoch.index} was stopped before its end ({why}) after {self._rows} rows: "
+            "what this iterator delivered is not a whole epoch"
+        )
+
+    def _warn_if_all_skipped(self) -> None:
+        """An epoch that delivered nothing because every chunk or line was skipped says so, once:
+        an empty epoch is otherwise indistinguishable from an empty data set."""
+        if self._rows:
+            return
+        now = self._skipped()
+        skipped = {s: n - self._skipped_at_start.get(s, 0) for s, n in now.items()}
+        skipped = {s: n for s, n in skipped.items() if n > 0}
+        if skipped:
+            counts = ", ".join(f"stage {s!r} skipped {n}" for s, n in skipped.items())
+            warnings.warn(
+                f"epoch {self._epoch.index} delivered no rows: {counts} (on_error='skip'); "
+                "check the input and the functions, or use on_error='raise' to see the first error",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def close(self) -> None:
         if not self._done:

@@ -34,3 +34,23 @@ class StageError(PipelineError):
 
 class WorkerLostError(PipelineError):
     """A process worker kept dying on the same chunk, beyond the restart budget."""
+
+
+class SchemaError(PipelineError):
+    """A chunk does not match the pipeline's schema: a missing or extra column, or a type that cannot
+    hold the schema's values without loss. The message names where (file, chunk, stage), the column
+    and both types; the schema is never bent silently, because a cast that loses values corrupts data."""
+
+
+class StageTimeoutError(StageError):
+    """A stage's function held one chunk for longer than the stage's ``timeout_s``."""
+
+    def __init__(self, stage: str, origin: str, timeout_s: float) -> None:
+        super().__init__(stage, origin, f"no result after {timeout_s:g} s (timeout_s={timeout_s:g}); the function is hung or too slow")
+        self.timeout_s = timeout_s
+
+
+class PipelineClosedError(PipelineError):
+    """The epoch this iterator was reading was stopped before its end: the pipeline was closed, or a
+    new epoch was started, so the rows delivered so far are not a whole epoch. Only an epoch that
+    delivered everything ends with ``StopIteration``."""

@@ -31,6 +31,8 @@ class StageMetrics:
     skipped: int = 0  # chunks skipped by on_error="skip"
     restarts: int = 0  # process workers restarted after dying
     bytes_out: int = 0  # bytes of the chunks this stage has emitted (cumulative)
+    stalled_s: float = 0.0  # gauge: seconds the oldest work in hand has gone without progress
+    stalled: bool = False  # gauge: stalled_s is past the pipeline's stall_after_s (hung, not starved)
 
 
 @dataclass(frozen=True)

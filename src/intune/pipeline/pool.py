@@ -118,9 +118,11 @@ class PoolRun:
                 seq, item = got
                 reserved = False
                 stats.held_bytes = item.nbytes
+                stats.work_item, stats.work_since = item, t1
                 c0 = time.thread_time()
                 results = self._process(index, item, stats)
                 stats.cpu_s += time.thread_time() - c0
+                stats.work_since, stats.work_item = 0.0, None
                 stats.busy_s += clock() - t1
                 stats.items += len(results)
                 for r in results:
@@ -134,6 +136,7 @@ class PoolRun:
             self._fail(exc)
         finally:
             stats.held_bytes = 0
+            stats.work_since, stats.work_item = 0.0, None
 
     def join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -161,6 +164,9 @@ class ProcessPoolRun(PoolRun):
         worker_for: Callable[[int], Any],
         failed: Callable[[Item, WorkerStats, BaseException], list[Item]],
         lost: Callable[[Item, BaseException], BaseException],
+        deliver: Callable[[dict, Item, WorkerStats], list[Item]],
+        timed_out: Callable[[Item, WorkerStats], list[Item]],
+        timeout_s: float | None,
         max_attempts: int,
         inp: Channel,
         out: Channel,
@@ -172,11 +178,14 @@ class ProcessPoolRun(PoolRun):
         self._worker_for = worker_for
         self._failed = failed
         self._lost = lost
+        self._deliver = deliver
+        self._timed_out = timed_out
+        self._timeout_s = timeout_s
         self._max_attempts = max_attempts
 
     def _run(self, index: int) -> None:
-        from intune.pipeline.chunks import nbytes
-        from intune.pipeline.procworker import SLOTS, RemoteError, WorkerDied
+        from intune.pipeline.errors import StageError
+        from intune.pipeline.procworker import SLOTS, ChunkTimeout, RemoteError, WorkerDied, WorkerInitError
 
         stats = self._stats.worker(index)
         pending: deque[tuple[int, Item]] = deque()
@@ -225,12 +234,20 @@ class ProcessPoolRun(PoolRun):
                     stats.starved_s += t1 - t0
                     continue
                 seq, item = pending[0]
+                if stats.work_item is not item:  # progress is a delivered result: time from here
+                    stats.work_item, stats.work_since = item, t1
                 try:
-                    result, cpu = worker.collect(self._stop)
-                    results = [Item(result, item.origin, item.rows, nbytes(result))]
+                    result, cpu = worker.collect(self._stop, self._timeout_s)
                     stats.cpu_s += cpu
+                    results = self._deliver(result, item, stats)
                 except RemoteError as exc:
                     results = self._failed(item, stats, exc)
+                except ChunkTimeout:  # the hung child is gone: fail, or skip its chunk and go on
+                    results = self._timed_out(item, stats)
+                    worker.drop_oldest()
+                    worker.restart()
+                except WorkerInitError as exc:  # every chunk would fail alike: no retry, no skip
+                    raise StageError(self.name, "the worker's start", str(exc), exc.remote_traceback) from exc
                 except WorkerDied as exc:
                     stats.restarts += 1
                     if self._stop.is_set():
@@ -240,6 +257,7 @@ class ProcessPoolRun(PoolRun):
                     worker.restart()
                     continue
                 pending.popleft()
+                stats.work_since, stats.work_item = 0.0, None
                 stats.held_bytes -= item.nbytes
                 stats.busy_s += clock() - t1
                 stats.items += len(results)
@@ -253,6 +271,7 @@ class ProcessPoolRun(PoolRun):
             self._fail(exc)
         finally:
             stats.held_bytes = 0
+            stats.work_since, stats.work_item = 0.0, None
             if worker is not None and worker.in_flight:
                 worker.kill()  # chunks abandoned by a stopped epoch must not reach the next one
 

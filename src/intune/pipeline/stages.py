@@ -22,15 +22,19 @@ import numpy as np
 
 from intune.knobs import Knob
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
-from intune.pipeline.chunks import RowTable, nbytes
-from intune.pipeline.errors import StageError, WorkerLostError
+from intune.pipeline.chunks import Chunk, RowTable, nbytes
+from intune.pipeline.errors import SchemaError, StageError, StageTimeoutError, WorkerLostError
 from intune.pipeline.metrics import StageMetrics
 from intune.pipeline.pool import PoolRun, ProcessPoolRun
 from intune.pipeline.procworker import SLOTS, ProcessWorker, RemoteError
+from intune.pipeline.schema import Schema
 from intune.pipeline.sources import Source
 from intune.pipeline.stats import StageStats, WorkerStats
 
 MiB = 1 << 20
+STALL_AFTER_S = 30.0
+"""A stage whose oldest work in hand has made no progress for this long is reported as stalled
+(``Pipeline(stall_after_s=...)``); a tuner gives such a stage no more workers (it is hung, not slow)."""
 
 
 class EpochContext(Protocol):
@@ -59,6 +63,7 @@ class Stage:
         self.stats = StageStats()
         self.knobs: list[Knob] = []
         self._out: Channel | None = None
+        self.stall_after_s = STALL_AFTER_S  # the pipeline sets its own when the stage is added
 
     def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
         raise NotImplementedError
@@ -88,6 +93,11 @@ class Stage:
     def snapshot(self) -> StageMetrics:
         t = self.stats.totals()
         out = self.held_out()
+        since, _ = self.stats.oldest_work()
+        now = time.perf_counter()
+        stalled_s = now - since if since else 0.0
+        # work in hand counts as busy while it runs, so that a hung function does not read as idle
+        t["busy_s"] += self.stats.in_hand_s(now)
         return StageMetrics(
             name=self.name,
             kind=self.kind,
@@ -108,6 +118,8 @@ class Stage:
             skipped=int(t["skipped"]),
             restarts=int(t["restarts"]),
             bytes_out=int(t["bytes_out"]),
+            stalled_s=stalled_s,
+            stalled=stalled_s > self.stall_after_s,
         )
 
     def detach(self) -> None:
@@ -128,6 +140,15 @@ def check_int(what: str, value: Any, lo: int, hi: int | None = None) -> int:
     if value < lo or (hi is not None and value > hi):
         raise ValueError(f"{what} = {value} is out of range, valid range is {valid}")
     return int(value)
+
+
+def check_seconds(what: str, value: Any) -> float:
+    """Validate a positive, finite number of seconds; the ``ValueError`` names the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+    if not 0 < float(value) < float("inf"):
+        raise ValueError(f"{what} = {value} is out of range, it must be > 0 and finite")
+    return float(value)
 
 
 def sequential_loop(
@@ -280,11 +301,16 @@ class MapStage(PooledStage):
         on_error: str,
         max_workers: int,
         workers: int = 1,
+        timeout_s: float | None = None,
     ) -> None:
         super().__init__(name, max_workers, workers)
         self.fn = fn
         self.mode = mode
         self.on_error = on_error
+        self.timeout_s = timeout_s
+        self.after_batch = False  # set when added after a batch stage: output lengths may differ then
+        self._schema: Schema | None = None
+        self._schema_lock = threading.Lock()
         self.max_attempts = 3  # a chunk that kills its worker this many times is an error
         self._procs: list[ProcessWorker] = []
         self._procs_lock = threading.Lock()
@@ -309,9 +335,40 @@ class MapStage(PooledStage):
         raise error from exc
 
     def _result(self, out: Any, item: Item) -> list[Item]:
+        """The function's output as an item, after the checks every map output passes: a dict of
+        arrays (no scalar), of equal lengths unless the stage comes after ``batch`` (deduplication
+        changes lengths there), and of the stage's schema, fixed by its first output."""
         if not isinstance(out, dict):
             raise TypeError(f"the map function must return a dict of arrays, got {type(out).__name__}")
-        return [Item(out, item.origin, item.rows, nbytes(out))]
+        chunk: Chunk = {}
+        for name, column in out.items():
+            array = column if isinstance(column, np.ndarray) else np.asarray(column)
+            if array.ndim == 0:
+                raise ValueError(f"the map function returned column {name!r} as a scalar ({array!r}), not an array")
+            chunk[name] = array
+        if not self.after_batch and len({len(c) for c in chunk.values()}) > 1:
+            lengths = {n: len(c) for n, c in chunk.items()}
+            raise ValueError(f"the map function returned columns of unequal lengths {lengths}")
+        return [Item(self._conform(chunk, item), item.origin, item.rows, nbytes(chunk))]
+
+    def _conform(self, chunk: Chunk, item: Item) -> Chunk:
+        schema = self._schema
+        where = f"the output of stage {self.name!r} on {item.origin.describe() if item.origin else 'a chunk'}"
+        if schema is None:
+            with self._schema_lock:
+                if self._schema is None:
+                    self._schema = Schema.of(chunk, f"fixed by {where}")
+                schema = self._schema
+        return schema.conform(chunk, where)
+
+    def _deliver(self, out: dict, item: Item, stats: WorkerStats) -> list[Item]:
+        """A process worker's result through the same checks; a bad one fails as the function would."""
+        try:
+            return self._result(out, item)
+        except SchemaError:
+            raise
+        except Exception as exc:
+            return self._failed(item, stats, exc, traceback.format_exc())
 
     def process_worker(self, index: int, label: str) -> ProcessWorker:
         with self._procs_lock:
@@ -343,10 +400,14 @@ class MapStage(PooledStage):
             try:
                 out = fn(item.chunk)
                 return self._result(out, item)
-            except Exception as exc:
+            except SchemaError:
+                raise  # the pipeline's contract, not this chunk's data: never skipped
+            except (Exception, SystemExit) as exc:  # SystemExit: as process mode reports a sys.exit()
                 return self._failed(item, stats, exc, traceback.format_exc())
 
         if self.mode != "process":
+            if self.timeout_s is not None:
+                epoch.spawn(lambda: self._watch(epoch), f"{self.name}-watchdog")
             return self._start_pool(epoch, inp, in_thread)
         out = epoch.channel(f"{self.name}.out", ordered=epoch.deterministic, window=self.window)
         self._out = out
@@ -364,6 +425,9 @@ class MapStage(PooledStage):
             lambda index: self.process_worker(index, label),
             lambda item, stats, exc: self._failed(item, stats, exc, getattr(exc, "remote_traceback", "")),
             lost,
+            self._deliver,
+            self._timed_out,
+            self.timeout_s,
             self.max_attempts,
             inp,
             out,
@@ -375,6 +439,28 @@ class MapStage(PooledStage):
         epoch.pools.append(run)
         run.start()
         return out
+
+    def _timed_out(self, item: Item, stats: WorkerStats) -> list[Item]:
+        """A process worker's chunk past ``timeout_s`` (its child was killed): skipped and counted
+        under ``on_error="skip"``, else ``StageTimeoutError``."""
+        if self.on_error == "skip":
+            stats.skipped += 1
+            return []
+        assert self.timeout_s is not None
+        raise StageTimeoutError(self.name, item.origin.describe() if item.origin else "a chunk", self.timeout_s)
+
+    def _watch(self, epoch: EpochContext) -> None:
+        """Thread mode: fail the epoch with ``StageTimeoutError`` once a chunk has been in a worker's
+        hands for ``timeout_s``. A thread cannot be killed, so a hung function keeps its thread (a
+        daemon, whose result is dropped) after the error, whatever ``on_error`` says."""
+        assert self.timeout_s is not None
+        period = min(0.25, self.timeout_s / 4)
+        while not epoch.stop.wait(period):
+            since, item = self.stats.oldest_work()
+            if since and time.perf_counter() - since > self.timeout_s:
+                origin = item.origin.describe() if item is not None and item.origin else "a chunk"
+                epoch.fail(StageTimeoutError(self.name, origin, self.timeout_s))
+                return
 
     def window(self) -> int:
         """Chunks taken but not yet delivered: room for every worker's chunks in flight, plus slack."""

@@ -1,13 +1,15 @@
 """Per-worker counters of a stage, summed into a snapshot without locks.
 
 Owns the cumulative counters behind ``StageMetrics`` (items, rows, CPU, busy, starved, blocked,
-skipped, restarts, bytes out) and one gauge (bytes a worker holds in hand). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
+skipped, restarts, bytes out) and two gauges (bytes a worker holds in hand, and since when it has
+held work without progress). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
 lock and a snapshot is a cheap sum. It must not compute rates.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -22,6 +24,10 @@ class WorkerStats:
     restarts: int = 0
     bytes_out: int = 0
     held_bytes: int = 0  # gauge: bytes of the chunks this worker has taken and not yet delivered
+    # gauge: perf_counter() since when this worker has held work without delivering (0.0: none in
+    # hand), and the item it waits on; the stall watchdog and the stalled metric read them
+    work_since: float = 0.0
+    work_item: Any = None
 
 
 class StageStats:
@@ -47,6 +53,20 @@ class StageStats:
         while len(self._workers) <= index:
             self._workers.append(WorkerStats())
         return self._workers[index]
+
+    def oldest_work(self) -> tuple[float, Any]:
+        """(perf_counter() when the longest-held work in hand was taken or last progressed, its item);
+        (0.0, None) when no worker holds work."""
+        oldest, item = 0.0, None
+        for w in list(self._workers):
+            since = w.work_since
+            if since and (not oldest or since < oldest):
+                oldest, item = since, w.work_item
+        return oldest, item
+
+    def in_hand_s(self, now: float) -> float:
+        """Seconds of work in hand not yet counted in ``busy_s`` (it is added when the work ends)."""
+        return sum(now - w.work_since for w in list(self._workers) if w.work_since)
 
     def totals(self) -> dict[str, float]:
         out = dict.fromkeys(self.FIELDS, 0)

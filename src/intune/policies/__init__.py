@@ -23,6 +23,8 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+SIMULATOR_ONLY: tuple[str, ...] = ("oracle",)
+"""Policies that read the simulated workload's true costs, which a live pipeline does not have."""
 
 
 def make(name: str, **kwargs: Any) -> Policy:
@@ -33,4 +35,4 @@ def make(name: str, **kwargs: Any) -> Policy:
     return getattr(importlib.import_module(module), cls)(**{**defaults, **kwargs})
 
 
-__all__ = ["ACTION_DELTAS", "ClampResult", "POLICY_NAMES", "Policy", "clamp_request", "even_split", "make"]
+__all__ = ["ACTION_DELTAS", "ClampResult", "POLICY_NAMES", "SIMULATOR_ONLY", "Policy", "clamp_request", "even_split", "make"]

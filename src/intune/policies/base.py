@@ -56,6 +56,7 @@ def clamp_request(
     cpus: float,
     memory_free_bytes: float,
     light: Collection[str] = (),
+    hold: Collection[str] = (),
 ) -> ClampResult:
     """Clamp a policy's request to knob bounds, to the CPUs and to the free memory.
 
@@ -64,13 +65,18 @@ def clamp_request(
       the order requested until the CPUs run out (decreases always pass); past that, one worker in all
       may go to a knob in ``light`` (a stage whose workers mostly wait: ``Observation.light_stages``),
       so that a policy can measure whether one more reader pays on a saturated machine;
-    - ``mb`` knobs may grow only by what ``memory_free_bytes`` allows.
+    - ``mb`` knobs may grow only by what ``memory_free_bytes`` allows;
+    - knobs in ``hold`` may not grow (a stalled stage's workers: more workers do not unstick a hung
+      function, they only take CPUs from the stages that still move).
     """
     unknown = [k for k in requested if k not in knobs]
     if unknown:
         raise ValueError(f"unknown knob(s) {unknown}; knobs are {sorted(knobs)}")
     current = {name: k.value for name, k in knobs.items()}
     target = {name: knobs[name].clamp(v) for name, v in requested.items()}
+    for name in hold:
+        if name in target:
+            target[name] = min(target[name], current[name])
 
     cpu_names = [n for n, k in knobs.items() if k.unit == "cpu"]
     cpu_cap = max(int(cpus), sum(knobs[n].min for n in cpu_names))
