@@ -19,7 +19,8 @@ What tf.data does, and how it maps onto a pipeline of stages with ``<stage>.work
   stage's buffer (name starting with ``shuffle``) is the user's shuffle window: tf.data never tunes
   it and its RAM accounting does not see it.
 - Optimisation: ``hill_climb`` from the minimums, parallelism capped by the thread-pool size fixed
-  when the iterator was created (``obs.cpus`` at launch), stopping at all-maximum or when the
+  when the iterator was created (the cores at launch; here the runner's CPU budget, ``cpu_budget``,
+  which is the CPUs in the simulator and adds what waiting workers leave unused live), stopping at all-maximum or when the
   maximum buffered bytes exceed the RAM budget; the CPU budget is not used (``AutotuneAlgorithm::DEFAULT``
   = MAX_PARALLELISM). It runs on ``Model::OptimizeLoop``'s schedule: at launch, then after 20 ms, 40 ms,
   ... doubling to once a minute, never reset; observation time is ``tick * dt_s``.
@@ -70,7 +71,7 @@ from intune.policies.autotune_model import (
     output_time,
     with_values,
 )
-from intune.policies.base import MB
+from intune.policies.base import MB, cpu_budget
 from intune.policies.static import changes, stage_role
 
 RAM_BUDGET_SHARE = 0.5  # kRamBudgetShare
@@ -219,7 +220,7 @@ class AutotunePolicy:
     def _launch(self, obs: Observation) -> None:
         """A new iterator: thread pool, RAM budget, schedule, statistics and prefetch autotuners."""
         self.launches += 1
-        self.pool_size = max(1, int(obs.cpus))
+        self.pool_size = max(1, int(cpu_budget(obs)))  # tf.data's pool: the cores; here the runner's grant
         self.launch_cpus = obs.cpus
         free = obs.host_memory_free_bytes
         if free <= 0:  # unknown host memory: fall back to what the observation says is free

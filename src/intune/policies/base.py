@@ -102,6 +102,17 @@ def clamp_request(
     return ClampResult(requested=dict(requested), applied=applied)
 
 
+def cpu_budget(obs: Observation) -> float:
+    """The CPUs a policy may plan its workers on: what the runner grants every policy alike.
+
+    The machine's CPUs plus the CPU that waiting workers measurably leave unused (``cpu_slack``): the
+    runner (``clamp_request`` with the tuner's budget) grants that many workers to any policy, so a
+    baseline planning on the bare CPU count would leave unasked what the runner would give (on 2 CPUs
+    with three stages of at least one worker each, it could never move). 0 slack in the simulator.
+    """
+    return obs.cpus + max(0.0, obs.cpu_slack)
+
+
 def even_split(knobs: Mapping[str, Knob], cpus: float) -> dict[str, int]:
     """CPUs divided evenly over the ``cpu`` knobs (the paper's Heuristic, InTune's starting point).
 

@@ -15,13 +15,14 @@ Method:
    relative because a profile on saturated CPUs lowers every stage's share alike.
 3. LP (``scipy.optimize.linprog``): maximise ``theta`` (elements/s delivered) subject to
    ``theta * t_i <= workers_i`` (parallelism), ``sum_i theta * cpu_i <= C`` (Plumber's CPU constraint,
-   ``C = obs.cpus``), ``sum_i workers_i <= C`` (the runner's budget: ``clamp_request`` grants no more
-   workers than CPUs, whatever they wait on, so a plan past it would be cut) and
+   ``C = obs.cpus``), ``sum_i workers_i <= W`` (the runner's budget, ``cpu_budget``: the CPUs plus
+   the CPU that waiting workers measurably leave unused, what ``clamp_request`` grants every policy;
+   ``W = C`` in the simulator) and
    ``min_i <= workers_i <= max_i``; a sequential stage has ``max_i = 1``. That maximises the slowest
    stage's rate; an I/O-bound source gets the parallelism that matches the rate the CPU-bound stages
-   sustain. With this runner the worker budget implies the CPU constraint (``t_i >= cpu_i``).
+   sustain. Where ``W = C`` the worker budget implies the CPU constraint (``t_i >= cpu_i``).
 4. Rounding: workers are floored, then the spare ones go one at a time to the current slowest stage
-   (the greedy step is exact for max-min with linear rates), never exceeding ``C``; a stage that cannot
+   (the greedy step is exact for max-min with linear rates), never exceeding ``W``; a stage that cannot
    grow ends the hand-out.
 5. Prefetch: the buffer of the prefetch stage (name starting with ``prefetch``, or as given) is sized
    from the measured rate gap between the planned pipeline rate ``theta`` and the consumer's demand
@@ -59,7 +60,7 @@ from scipy.optimize import linprog
 
 from intune.knobs import Knob
 from intune.observation import Observation
-from intune.policies.base import MB
+from intune.policies.base import MB, cpu_budget
 from intune.policies.static import changes, stage_role
 
 MAX_PREFETCH_ELEMENTS = 256
@@ -257,11 +258,11 @@ class PlumberPolicy:
         work = [prof[n].wall_s / root_items if w else c for n, w, c in zip(names, io, cpu_work, strict=True)]
         lo = [k.min for k in knobs]
         hi = [max(k.min, 1 if s else k.max) for k, s in zip(knobs, seq, strict=True)]
-        budget = max(int(obs.cpus), 0)
-        fractional, _ = solve_lp(work, budget, lo, hi, cpu_work, float(budget))
+        budget = max(int(cpu_budget(obs)), 0)  # workers the runner grants; the CPU constraint stays the CPUs
+        fractional, _ = solve_lp(work, budget, lo, hi, cpu_work, float(obs.cpus))
         alloc = round_allocation(fractional, work, budget, lo, hi) if sum(lo) <= budget else list(lo)
         cpu_total = sum(cpu_work)
-        theta = min(rate_of(alloc, work), budget / cpu_total if cpu_total > 0 else math.inf)
+        theta = min(rate_of(alloc, work), obs.cpus / cpu_total if cpu_total > 0 else math.inf)
         self.solves += 1
         plan = PlumberPlan(
             cpus=obs.cpus,

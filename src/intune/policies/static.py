@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from intune.knobs import Knob
 from intune.observation import Observation
-from intune.policies.base import even_split
+from intune.policies.base import cpu_budget, even_split
 
 
 def stage_role(stage: str) -> str:
@@ -73,12 +73,12 @@ class HeuristicPolicy:
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self._knobs = knobs
         self._cpus = observation.cpus
-        self._split = even_split(knobs, observation.cpus)
+        self._split = even_split(knobs, cpu_budget(observation))
 
     def step(self, observation: Observation) -> dict[str, int]:
         if observation.cpus != self._cpus:
             self._cpus = observation.cpus
-            self._split = even_split(self._knobs, observation.cpus)
+            self._split = even_split(self._knobs, cpu_budget(observation))
         return changes(self._knobs, self._split)
 
 
