@@ -172,8 +172,12 @@ class Pipeline:
         buffer_mb: int = 256,
         name: str = "shuffle",
         by: str | None = None,
+        min_buffer_mb: int = 1,
     ) -> Pipeline:
         """Buffered shuffle of up to ``buffer_rows`` rows and ``buffer_mb`` MB (the knob).
+
+        ``min_buffer_mb`` is the knob's floor: a tuner short of memory may cut the window down to it,
+        not below (a smaller window mixes rows less; set it to the window your training needs).
 
         ``by`` names a session column: runs of equal values (sessions) are shuffled as wholes, so that
         in-batch duplication survives for ``dedup`` (RecD, ``intune.recd.session_shuffle``).
@@ -181,13 +185,14 @@ class Pipeline:
         buffer_rows = check_int("buffer_rows", buffer_rows, 1)
         seed = check_int("seed", seed, 0)
         buffer_mb = check_int("buffer_mb", buffer_mb, 1, self.max_mb)
+        min_buffer_mb = check_int("min_buffer_mb", min_buffer_mb, 1, buffer_mb)
         factory = None
         if by is not None:
             from intune.recd.session_shuffle import SessionShuffleBuffer
 
             factory = partial(SessionShuffleBuffer, key=by)
         return self._add(
-            ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb, buffer_factory=factory)
+            ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb, buffer_factory=factory, min_mb=min_buffer_mb)
         )
 
     def map(

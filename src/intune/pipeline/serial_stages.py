@@ -35,6 +35,7 @@ class ShuffleStage(Stage):
         buffer_mb: int,
         max_mb: int,
         buffer_factory: Callable[[np.random.Generator, int], ShuffleBuffer] | None = None,
+        min_mb: int = 1,
     ) -> None:
         super().__init__(name)
         self._buffer_factory = buffer_factory or ShuffleBuffer
@@ -42,7 +43,7 @@ class ShuffleStage(Stage):
         self.seed = seed
         self._mb = buffer_mb
         self._buffer: ShuffleBuffer | None = None
-        self.knobs.append(Knob(f"{name}.buffer_mb", "mb", 1, max_mb, lambda: self._mb, self._set_mb))
+        self.knobs.append(Knob(f"{name}.buffer_mb", "mb", min_mb, max_mb, lambda: self._mb, self._set_mb))
 
     def _set_mb(self, value: int) -> None:
         self._mb = value
