@@ -10,7 +10,9 @@
 5. memory: relative gap between the engine's buffered-bytes figure and the measured growth of the
    process tree's memory (PSS, children included, shared memory counted once) with large buffers.
 
-Ratios are measured side by side in one run. This module must not change engine behaviour.
+Ratios are measured side by side in one run. Each result keeps the per-repeat figures it was taken
+from (``runs``), so that ``--md`` can show their spread beside the best. This module must not change
+engine behaviour.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from intune.bench.results import format_table, write_json
+from intune.bench import md_report
+from intune.bench.results import format_table, machine_info, write_json
 from intune.monitor import process_tree_rss
 
 
@@ -38,6 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         default=None,
         help="run only these measurements: overhead speedup transport resize memory",
+    )
+    parser.add_argument(
+        "--md", metavar="PATH", help="write the table as Markdown, with command, date and machine"
     )
 
 
@@ -53,22 +59,48 @@ def run(args: argparse.Namespace) -> int:
                 f"{result['name']}: {result['value']:.3g} {result['unit']} (target {result['target']})",
                 flush=True,
             )
-    rows = [
+    print(format_table(table_rows(results), TABLE_COLUMNS))
+    if getattr(args, "json", None):
+        write_json(args.json, results, quick=quick)
+    if getattr(args, "md", None):
+        report = markdown_report(results, quick, md_report.command_line(("bench", "engine")))
+        print(f"wrote {md_report.write(args.md, report)}")
+    return 0
+
+
+TABLE_COLUMNS = ["name", "value", "unit", "target", "meets target", "repeats", "detail"]
+
+
+def table_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per measurement: its value against its target, and the spread of its repeats."""
+    return [
         {
             **r,
             "meets target": (r["value"] >= r["target"])
             if r["higher_is_better"]
             else (r["value"] <= r["target"]),
+            "repeats": md_report.spread(r.get("runs") or ()),
         }
         for r in results
     ]
-    print(format_table(rows, ["name", "value", "unit", "target", "meets target", "detail"]))
-    if getattr(args, "json", None):
-        write_json(args.json, results, quick=quick)
-    return 0
 
 
-def result(name: str, value: float, unit: str, target: float, higher: bool, detail: str) -> dict[str, Any]:
+def markdown_report(results: Sequence[dict[str, Any]], quick: bool, command: str) -> str:
+    """The terminal's table under the command, date and machine, with how value and repeats relate."""
+    context = [
+        md_report.load_line(),
+        "Quick run (smaller data, fewer repeats)." if quick else "Full run.",
+        "Value: what the target is checked on (overhead, speed-up and transport: each side at its best",
+        "repeat; resize: the slowest raise). Repeats: the same figure for each repeat, median (min–max).",
+    ]
+    table = md_report.section("Measurements", rows=table_rows(results), columns=TABLE_COLUMNS)
+    return md_report.render(command, machine_info(), context, [table])
+
+
+def result(
+    name: str, value: float, unit: str, target: float, higher: bool, detail: str, runs: Sequence[float] = ()
+) -> dict[str, Any]:
+    """One measurement; ``runs`` holds the per-repeat figures ``value`` was taken from."""
     return {
         "name": name,
         "value": float(value),
@@ -76,6 +108,7 @@ def result(name: str, value: float, unit: str, target: float, higher: bool, deta
         "target": target,
         "higher_is_better": higher,
         "detail": detail,
+        "runs": [float(v) for v in runs],
     }
 
 
@@ -157,7 +190,8 @@ def measure_overhead(quick: bool) -> dict[str, Any]:
                 engine.append(_rows_per_s(iter(pipe)))
     e, p = max(engine), max(plain)
     detail = f"engine {e:,.0f} rows/s vs plain loop {p:,.0f} rows/s (best of {repeats}; shuffle capacity {capacity} rows)"
-    return result("engine overhead (engine / plain loop rows/s)", e / p, "ratio", 0.9, True, detail)
+    ratios = [a / b for a, b in zip(engine, plain, strict=True)]
+    return result("engine overhead (engine / plain loop rows/s)", e / p, "ratio", 0.9, True, detail, ratios)
 
 
 # ---- 2. parallel speed-up ----------------------------------------------------------------------------
@@ -196,7 +230,10 @@ def measure_speedup(quick: bool) -> dict[str, Any]:
                 rates[w].append(_rows_per_s(iter(pipe)))
     r1, r2 = max(rates[1]), max(rates[2])
     detail = f"1 worker {r1:,.0f} rows/s, 2 workers {r2:,.0f} rows/s; usable CPUs {_cpus()}"
-    return result("parallel speed-up (udf.workers 2 / 1, process)", r2 / r1, "ratio", 1.7, True, detail)
+    ratios = [b / a for a, b in zip(rates[1], rates[2], strict=True)]
+    return result(
+        "parallel speed-up (udf.workers 2 / 1, process)", r2 / r1, "ratio", 1.7, True, detail, ratios
+    )
 
 
 def _cpus() -> Any:
@@ -223,15 +260,15 @@ def measure_transport(quick: bool) -> dict[str, Any]:
     )
     with pipe:
         list(pipe)  # warm up: the worker, its segments
-        best = 0.0
+        rates = []
         for _ in range(2):
             t0 = time.perf_counter()
             moved = 0
             for b in pipe:
                 moved += b["x"].nbytes
-            best = max(best, moved / (time.perf_counter() - t0))
+            rates.append(moved / (time.perf_counter() - t0) / 1e9)
     detail = f"{n_chunks} chunks of 8 MB, parent -> worker -> consumer through /dev/shm, 1 worker"
-    return result("shared-memory transport", best / 1e9, "GB/s", 1.0, True, detail)
+    return result("shared-memory transport", max(rates), "GB/s", 1.0, True, detail, rates)
 
 
 # ---- 4. resize latency -------------------------------------------------------------------------------
@@ -267,7 +304,7 @@ def measure_resize(quick: bool) -> dict[str, Any]:
                     break
     worst, median = max(latencies), statistics.median(latencies)
     detail = f"median {median * 1000:.1f} ms, worst {worst * 1000:.1f} ms over {len(latencies)} raises (UDF 10 ms/chunk)"
-    return result("resize latency (parked worker's first output)", worst, "s", 0.5, False, detail)
+    return result("resize latency (parked worker's first output)", worst, "s", 0.5, False, detail, latencies)
 
 
 # ---- 5. memory accounting ----------------------------------------------------------------------------
@@ -309,7 +346,9 @@ def measure_memory(quick: bool) -> dict[str, Any]:
         growth = process_tree_rss() - base
     gap = abs(growth - held) / max(1, growth)
     detail = f"engine says {held / 2**20:.0f} MiB buffered, process tree grew {growth / 2**20:.0f} MiB"
-    return result("memory accounting gap |buffered - PSS growth| / growth", gap, "ratio", 0.15, False, detail)
+    return result(
+        "memory accounting gap |buffered - PSS growth| / growth", gap, "ratio", 0.15, False, detail, [gap]
+    )
 
 
 MEASUREMENTS: dict[str, Callable[[bool], dict[str, Any]]] = {

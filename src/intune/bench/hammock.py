@@ -1,8 +1,9 @@
 """``intune bench hammock``: Hammock against gradient-boosted trees and simple baselines, by repeated CV.
 
 Owns: the model line-up with its fixed configurations, the cross-validation loop (the same folds for
-every model), the metrics, the paired per-fold differences to LightGBM, and the target verdicts. It
-must not define models (``intune.hammock``) nor data sets (``intune.hammock.datasets``).
+every model), the metrics, the paired per-fold differences to LightGBM, the target verdicts, and the
+report (``--md``: the printed table with each paired difference's spread over the folds, and the
+verdicts). It must not define models (``intune.hammock``) nor data sets (``intune.hammock.datasets``).
 
 Equal tuning budget: every model gets exactly one configuration fixed before the run (library
 defaults for LightGBM, XGBoost, HistGradientBoosting and logistic regression; the documented defaults
@@ -20,15 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from intune.bench.results import format_table, write_json
+from intune.bench import md_report
+from intune.bench.results import format_table, machine_info, write_json
 
 TARGET_AUC_GAP = 0.005
 MODELS = ("hammock", "hammock-gbdt-bins", "hammock-gbdt-init", "hammock-converted", "lightgbm", "xgboost", "hist-gb", "linear", "mlp")
+TABLE_COLUMNS = ["dataset", "model", "auc", "auc_diff_vs_lightgbm", "auc_diff_sd", "accuracy", "logloss", "r2",
+                 "r2_diff_vs_lightgbm", "fit_s", "diff per fold"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="one repeat, 10k-row generated sets (< 10 min)")
     parser.add_argument("--json", metavar="PATH", help="write results as JSON")
+    parser.add_argument("--md", metavar="PATH", help="write the table, its per-fold spread and the verdicts as Markdown")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of stratified 5-fold CV (default 3)")
     parser.add_argument("--large-repeats", type=int, default=None,
                         help="repeats for generated sets over 20k rows (default: --repeats)")
@@ -293,15 +298,69 @@ def run(args: argparse.Namespace) -> int:
                 summary += criteo_comparison(criteo_rows, log)
         except ImportError as exc:  # the DLRM side lives in intune.dlrm
             verdict["criteo"] = f"not run: {exc}"
-    cols = ["dataset", "model", "auc", "auc_diff_vs_lightgbm", "auc_diff_sd", "accuracy", "logloss", "r2",
-            "r2_diff_vs_lightgbm", "fit_s"]
-    print(format_table(summary, cols))
+    print(format_table(table_rows(summary, per_fold), TABLE_COLUMNS))
     print(f"\ntarget (Hammock AUC >= LightGBM - {TARGET_AUC_GAP}):")
     for key, value in verdict.items():
         print(f"  {key}: {value}")
     print(f"total {time.perf_counter() - started:.0f} s")
+    config = {"quick": args.quick, "repeats": repeats, "large_repeats": large_repeats, "rows": sizes,
+              "models": models, "threads": 1}
     if args.json:
-        write_json(args.json, summary, per_fold=per_fold, verdicts=verdict, partial=False,
-                   config={"quick": args.quick, "repeats": repeats, "large_repeats": large_repeats, "rows": sizes,
-                           "models": models, "threads": 1})
+        write_json(args.json, summary, per_fold=per_fold, verdicts=verdict, partial=False, config=config)
+    if args.md:
+        report = markdown_report(summary, per_fold, verdict, config, md_report.command_line(("bench", "hammock")))
+        print(f"wrote {md_report.write(args.md, report)}")
     return 0
+
+
+# ---------------------------------------------------------------- the Markdown report
+def fold_differences(per_fold: list[dict[str, Any]], dataset: str, model: str) -> list[float]:
+    """The model's per-fold AUC (R2 for regression) minus LightGBM's on the same fold."""
+    mine = [r for r in per_fold if r["dataset"] == dataset and r["model"] == model]
+    ref = {r["fold"]: r for r in per_fold if r["dataset"] == dataset and r["model"] == "lightgbm"}
+    metric = "auc" if mine and mine[0]["auc"] is not None else "r2"
+    return [r[metric] - ref[r["fold"]][metric] for r in mine
+            if r["fold"] in ref and r[metric] is not None and ref[r["fold"]][metric] is not None]
+
+
+def table_rows(summary: list[dict[str, Any]], per_fold: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summary, plus each paired difference's median (min–max) over the folds: a mean over 5 or
+    15 folds alone hides whether one fold carried it."""
+    return [{**r, "diff per fold": md_report.spread(fold_differences(per_fold, r["dataset"], r["model"]), "+.4f", "folds")}
+            for r in summary]
+
+
+def verdict_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per Hammock variant: the mean AUC difference and the tree-data ones, each against the target."""
+    return [{"model": model, "mean auc diff": f"{v['mean_auc_diff']:+.4f}", "meets average": v["meets_average"],
+             "tree data auc diff": ", ".join(f"{d} {x:+.4f}" for d, x in v["tree_data_auc_diff"].items()) or "-",
+             "meets tree data": v["meets_tree_data"]}
+            for model, v in verdict.items() if isinstance(v, dict) and "mean_auc_diff" in v]
+
+
+def markdown_report(summary: list[dict[str, Any]], per_fold: list[dict[str, Any]], verdict: dict[str, Any],
+                    config: dict[str, Any], command: str) -> str:
+    """Command, date and machine; how the folds were drawn; the verdicts; every (data set, model) row."""
+    context = [
+        md_report.load_line(),
+        f"Repeated 5-fold CV, the same folds for every model: {config['repeats']} repeat(s), {config['large_repeats']} "
+        f"on generated sets over 20k rows; generated sets of {', '.join(f'{n:,}' for n in config['rows'])} rows; "
+        f"models {', '.join(config['models'])}; {config['threads']} thread each.",
+    ]
+    too_easy = ", ".join(verdict.get("too_easy_linear_within_margin", [])) or "none"
+    sections = [
+        md_report.section(
+            f"Verdicts: Hammock's AUC at most {verdict.get('target_auc_gap', TARGET_AUC_GAP)} below LightGBM's",
+            [f"Too easy to tell models apart (logistic regression within the margin of LightGBM): {too_easy}."]
+            + ([f"Criteo comparison: {verdict['criteo']}"] if "criteo" in verdict else []),
+            verdict_rows(verdict),
+        ),
+        md_report.section(
+            "Every data set and model",
+            ["Means over folds; `*_diff_vs_lightgbm`: mean paired per-fold difference to LightGBM, `*_sd` its",
+             "standard deviation; diff per fold: the paired differences' median (min–max over the folds)."],
+            table_rows(summary, per_fold),
+            TABLE_COLUMNS,
+        ),
+    ]
+    return md_report.render(command, machine_info(), context, sections)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from intune.bench import md_report
 from intune.bench.results import save_figure
 
 ENGINE_POLICIES = ("none", "heuristic", "autotune", "plumber", "intune")
@@ -198,52 +199,69 @@ def run(args: argparse.Namespace) -> int:
         from intune.bench.results import machine_info
 
         payload = {"machine": machine_info(), "results": results, "cpu_bound": bound, "config": config}
-        out = Path(args.md)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(markdown_report(payload, " ".join(["intune bench real", *sys.argv[3:]])))
-        print(f"wrote {out}")
+        report = markdown_report(payload, md_report.command_line(("bench", "real")))
+        print(f"wrote {md_report.write(args.md, report)}")
     return 0
 
 
 def markdown_report(payload: dict[str, Any], command: str) -> str:
-    """The results table with what a reader needs to judge it: machine, load, warm-up, the bound."""
-    from intune.bench.results import format_table
+    """The results table with what a reader needs to judge it: machine, load, warm-up, the bound.
 
-    machine, config, bound = payload["machine"], payload["config"], payload["cpu_bound"]
+    ``payload`` is what ``--json`` writes (machine, results, cpu_bound, config), so a report can be
+    rebuilt from a saved file. Each system ran once: the table has no spread, and says so."""
+    config, bound = payload["config"], payload["cpu_bound"]
+    context = [
+        md_report.load_line(),
+        f"Each system ran once, in its own process, one after another, for {config['measure_rows']:,} rows after "
+        f"at least {config['warmup_s']:.0f} s and {config['warmup_rows']:,} rows of warm-up; UDF "
+        f"dlrm_{config['udf']}, batches of {config['batch_rows']:,} rows, model latency "
+        f"{config['model_latency_ms']:g} ms.",
+    ]
+    cpu_bound = (
+        f"CPU bound: {bound['rows_per_s']:,.0f} rows/s = {bound['cpus']:g} CPUs / ({bound['read_us_per_row']:.1f} "
+        f"read + {bound['udf_us_per_row']:.1f} UDF + {bound['batch_us_per_row']:.1f} batch) us of CPU per row."
+    )
+    sections = [
+        md_report.section("Systems", [cpu_bound], summary_rows(payload["results"])),
+        md_report.section(
+            "Final allocations",
+            [
+                "Engine knobs, tf.data AUTOTUNE's chosen values, the baselines' settings:",
+                "",
+                *[f"- {name}: {values}" for name, values in _chosen(payload["results"]).items()],
+            ],
+        ),
+    ]
+    traces = {r["policy"]: (r.get("config") or {}).get("knob_trace") for r in payload["results"]}
+    traces = {policy: trace for policy, trace in traces.items() if trace}
+    if traces:
+        sections.append(
+            md_report.section(
+                "Worker counts over the run",
+                [
+                    "Value x ticks, one tick a second, warm-up included:",
+                    "",
+                    *[
+                        f"- {policy}: "
+                        + "; ".join(f"{name} {runs(values)}" for name, values in trace.items())
+                        for policy, trace in traces.items()
+                    ],
+                ],
+            )
+        )
+    return md_report.render(command, payload["machine"], context, sections)
+
+
+def _chosen(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each system's final settings: the engine's knobs, AUTOTUNE's choices, or the baseline's config."""
     chosen = {}
-    for r in payload["results"]:
+    for r in results:
         config_of = r.get("config") or {}
         if config_of:
             chosen[r["policy"] or r["system"]] = (
                 config_of.get("knobs") or config_of.get("autotune_chosen") or config_of
             )
-    lines = [
-        f"# `{command}`",
-        "",
-        f"Machine: {machine.get('usable_cpus')} usable CPUs, {machine.get('platform')}, {machine.get('time_utc')}; "
-        f"load average at the end {os.getloadavg()[0]:.1f}.",
-        f"Each system ran in its own process, one after another, for {config['measure_rows']:,} rows after at least "
-        f"{config['warmup_s']:.0f} s and {config['warmup_rows']:,} rows of warm-up; UDF dlrm_{config['udf']}, "
-        f"batches of {config['batch_rows']:,} rows, model latency {config['model_latency_ms']:g} ms.",
-        "",
-        f"CPU bound: {bound['rows_per_s']:,.0f} rows/s = {bound['cpus']:g} CPUs / ({bound['read_us_per_row']:.1f} read + "
-        f"{bound['udf_us_per_row']:.1f} UDF + {bound['batch_us_per_row']:.1f} batch) us of CPU per row.",
-        "",
-        format_table(summary_rows(payload["results"])),
-        "",
-        "Final allocations (engine knobs), tf.data AUTOTUNE's chosen values, the baselines' settings:",
-        "",
-        *[f"- {name}: {values}" for name, values in chosen.items()],
-        "",
-    ]
-    traces = {r["policy"]: (r.get("config") or {}).get("knob_trace") for r in payload["results"]}
-    traces = {policy: trace for policy, trace in traces.items() if trace}
-    if traces:
-        lines += ["Worker counts over the run (value x ticks, one tick a second, warm-up included):", ""]
-        for policy, trace in traces.items():
-            lines += [f"- {policy}: " + "; ".join(f"{name} {runs(values)}" for name, values in trace.items())]
-        lines.append("")
-    return "\n".join(lines)
+    return chosen
 
 
 def runs(values: list[int]) -> str:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from intune.bench import md_report
 from intune.bench.results import format_table, machine_info, write_json
 from intune.policies import POLICY_NAMES, make
 from intune.sim import (
@@ -221,10 +221,7 @@ def run(args: argparse.Namespace) -> int:
             period, None if args.workload or args.no_fig8 else fig8_ticks(args.quick), notes
         )
         report = markdown_report(results, policies, machine_info(), _command_line(args), context)
-        out = Path(args.md)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report)
-        print(f"wrote {out}")
+        print(f"wrote {md_report.write(args.md, report)}")
     if args.plot:
         from intune.sim.plots import plot_figure7, plot_figure8
 
@@ -419,40 +416,31 @@ def markdown_report(
     command: str,
     context: list[str],
 ) -> str:
-    """The command, date and machine; the per-policy summary; intune's losses and ties; every workload."""
+    """The command, date and machine; the per-policy summary; intune's losses and ties; every workload.
+
+    The layout is ``md_report``'s, shared by every ``intune bench ... --md``."""
     n = len(_workloads(results))
-    lines = [
-        f"# `{command}`",
-        "",
-        f"Date: {machine.get('time_utc')}. Machine: {machine.get('usable_cpus')} usable CPUs of {machine.get('host_cpus')}, "
-        f"{machine.get('platform')}, Python {machine.get('python')}, numpy {machine.get('numpy')}.",
-        "",
-        *context,
-        "",
-        f"## Summary over all {n} workloads",
-        "",
-        "Ratio to the oracle's mean throughput, the mean weighing each workload alike (most workloads are",
-        f"variants of production); best: within {TIE:.0%} of the highest non-oracle throughput (ties count for",
-        "each); OOMs: kills over all workloads.",
-        "",
-        format_table(summary_rows(results, policies)),
-        "",
-    ]
-    losses = ties_or_beats(results)
+    summary = md_report.section(
+        f"Summary over all {n} workloads",
+        [
+            "Ratio to the oracle's mean throughput, the mean weighing each workload alike (most workloads are",
+            f"variants of production); best: within {TIE:.0%} of the highest non-oracle throughput (ties count for",
+            "each); OOMs: kills over all workloads.",
+        ],
+        summary_rows(results, policies),
+    )
+    losses: list[str] = []
     if "intune" in policies:
-        lines += [
-            f"## Where intune loses or ties (another policy within {TIE:.0%} of it, or above)",
-            "",
-            *(losses or ["- nowhere"]),
-            "",
-        ]
-    lines += [
-        "## Every workload",
-        "",
-        "Cell: throughput / none's · ratio to the oracle · OOMs · convergence (mean ticks to 95% of the",
-        "phase optimum after the start and each resize, over the phases that reached it; reached / phases).",
-        "",
-        format_table(workload_rows(results, policies)),
-        "",
-    ]
-    return "\n".join(lines)
+        losses = md_report.section(
+            f"Where intune loses or ties (another policy within {TIE:.0%} of it, or above)",
+            ties_or_beats(results) or ["- nowhere"],
+        )
+    every = md_report.section(
+        "Every workload",
+        [
+            "Cell: throughput / none's · ratio to the oracle · OOMs · convergence (mean ticks to 95% of the",
+            "phase optimum after the start and each resize, over the phases that reached it; reached / phases).",
+        ],
+        workload_rows(results, policies),
+    )
+    return md_report.render(command, machine, context, [summary, losses, every])

@@ -9,8 +9,9 @@
 3. memory: the pipeline runs in a child process inside a cgroup-v1 memory cgroup whose limit the even
    split's buffers exceed; we report whether each policy got the child OOM-killed.
 
-This module owns the three benchmarks, their targets, their settings and the CLI. It must not change
-the engine, the tuner or any policy.
+This module owns the three benchmarks, their targets, their settings, the CLI and its report: the
+full table the terminal prints, and (``--md``) the per-policy summary the README copies. It must not
+change the engine, the tuner or any policy.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from intune.bench import _tune_workload as wl
+from intune.bench import md_report
 from intune.bench._tune_machine import MemoryCgroup, memory_cgroup_unavailable
-from intune.bench.results import format_table, write_json
+from intune.bench.results import format_table, machine_info, write_json
 
 MB = 1 << 20
 BENCHMARKS = ("convergence", "resize", "memory")
 DEFAULT_POLICIES = ("intune", "heuristic", "plumber-adaptive", "autotune-adaptive")
+ROW_COLUMNS = ["benchmark", "policy", "metric", "value", "target", "unit", "meets"]
 
 
 # -- settings -----------------------------------------------------------------------------------------
@@ -417,6 +420,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument(
+        "--md", metavar="PATH", help="write the per-policy summary and every row as Markdown to PATH"
+    )
+    parser.add_argument(
         "--history", metavar="DIR", help="write each run's tuner history as JSON lines under DIR"
     )
     parser.add_argument(
@@ -462,12 +468,11 @@ def run(args: argparse.Namespace) -> int:
         rows += bench_resize(policies, settings, searches, args.history)
     if "memory" in only:
         rows += bench_memory(policies, settings, args.history)
-    print(format_table(rows, ["benchmark", "policy", "metric", "value", "target", "unit", "meets"]))
+    print(format_table(rows, ROW_COLUMNS))
+    search_rows = {
+        str(c): [{"allocation": a, "rows_per_s": r} for a, r in res.measured] for c, res in searches.items()
+    }
     if args.json:
-        search_rows = {
-            str(c): [{"allocation": a, "rows_per_s": r} for a, r in res.measured]
-            for c, res in searches.items()
-        }
         write_json(
             args.json,
             rows,
@@ -477,4 +482,98 @@ def run(args: argparse.Namespace) -> int:
             settings=asdict(replace(settings)),
             searches=search_rows,
         )
+    if args.md:
+        command = md_report.command_line(("bench", "tune"))
+        report = markdown_report(rows, search_rows, asdict(settings), command, machine_info())
+        print(f"wrote {md_report.write(args.md, report)}")
     return 0
+
+
+# -- the Markdown report ------------------------------------------------------------------------------
+
+
+def markdown_report(
+    rows: Sequence[dict[str, Any]],
+    searches: dict[str, list[dict[str, Any]]],
+    settings: dict[str, Any],
+    command: str,
+    machine: dict[str, Any],
+) -> str:
+    """Command, date and machine; one row per policy (the README's table); the searches; every row.
+
+    Takes what ``--json`` writes (results, searches, settings), so the report and the file agree.
+    """
+    context = [
+        md_report.load_line(),
+        f"Each policy ran once per benchmark ({settings['run_s']:.0f} s convergence runs, "
+        f"{settings['phase_s']:.0f} s resize phases, {settings['memory_s']:.0f} s under a "
+        f"{settings['memory_limit_mb']} MB memory cgroup, a decision every {settings['tick_s']:g} s): "
+        "one run each, so no spread.",
+    ]
+    sections = [
+        md_report.section("Per policy", rows=summary_rows(rows, settings["tail_s"])),
+        md_report.section(
+            "Exhaustive search",
+            ["Rows/s of every allocation of the grid, measured live, by the CPUs the process had."],
+            search_table(searches),
+        ),
+        md_report.section("Every row", rows=rows, columns=ROW_COLUMNS),
+    ]
+    return md_report.render(command, machine, context, sections)
+
+
+def summary_rows(rows: Sequence[dict[str, Any]], tail_s: float) -> list[dict[str, str]]:
+    """One row per policy: convergence, resize phases, memory limit, exactly-once (a dash: not run)."""
+    policies = [p for p in dict.fromkeys(r["policy"] for r in rows) if p not in ("exhaustive", "-")]
+    return [_policy_summary(p, [r for r in rows if r["policy"] == p], tail_s) for p in policies]
+
+
+def _policy_summary(policy: str, rows: list[dict[str, Any]], tail_s: float) -> dict[str, str]:
+    """A metric never reached (``None``) reads ``never``; a metric not measured reads ``-``."""
+    got = {(r["benchmark"], r["metric"]): r["value"] for r in rows}
+
+    def cell(benchmark: str, metric: str, fmt: str) -> str:
+        if (benchmark, metric) not in got:
+            return "-"
+        value = got[(benchmark, metric)]
+        return "never" if value is None else _fmt(value, fmt)
+
+    phases = sorted(
+        m for b, m in got if b == "resize" and m.startswith("phase") and m.endswith("_rows_per_s")
+    )
+    checked = [r["value"] for r in rows if r["metric"] in ("rows_missing", "rows_repeated")]
+    return {
+        "policy": policy,
+        f"rows/s, last {tail_s:.0f} s": cell("convergence", f"rows_per_s_last_{tail_s:.0f}s", ",.0f"),
+        "x search best": cell("convergence", "fraction_of_best", ".2f"),
+        "s to 90%": cell("convergence", "time_to_90pct_s", ".0f"),
+        "resize CPUs": " / ".join(m.split("_")[1].removesuffix("cpu") for m in phases) or "-",
+        "resize rows/s": " / ".join(cell("resize", m, ",.0f") for m in phases) or "-",
+        "resize s to 90%": " / ".join(
+            cell("resize", m.replace("_rows_per_s", "_reconverge_s"), ".0f") for m in phases
+        )
+        or "-",
+        "memory: OOM-killed": cell("memory", "oom_killed", ""),
+        "memory: rows/s": cell("memory", "rows_per_s", ",.0f"),
+        "memory: peak MB": cell("memory", "peak_usage_mb", ",.0f"),
+        "rows lost or repeated": _fmt(sum(checked), ",.0f") if checked else "-",
+    }
+
+
+def search_table(searches: dict[str, list[dict[str, Any]]]) -> list[dict[str, str]]:
+    """One row per allocation, one column per CPU count searched: its measured rows/s."""
+    cells: dict[str, dict[str, str]] = {}
+    for cpus, measured in searches.items():
+        for m in measured:
+            row = cells.setdefault(_fmt_alloc(m["allocation"]), {"allocation": _fmt_alloc(m["allocation"])})
+            row[f"rows/s, {cpus} CPUs"] = _fmt(m["rows_per_s"], ",.0f")
+    return list(cells.values())
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    """``value`` in ``fmt``; booleans as yes / no, text as it is."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str) or not fmt:
+        return str(value)
+    return format(value, fmt)
