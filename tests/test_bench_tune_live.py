@@ -189,3 +189,16 @@ def test_quick_benchmark_command_writes_json(tmp_path) -> None:
     payload = json.loads(out.read_text())
     assert {"benchmark", "policy", "metric", "value", "target", "unit"} <= set(payload["results"][0])
     assert any(r["metric"] == "best_allocation" for r in payload["results"])
+
+
+def test_the_memory_scenarios_state_their_ceiling_and_the_floor_variant_its_window() -> None:
+    from intune.bench import tune_live
+
+    for floor in (False, True):
+        workload = tune_live.memory_workload(floor=floor)
+        source = wl.RowSource(workload.chunk_rows, max_chunks=1)
+        pipe = wl.build_pipeline(workload, source)
+        with pipe:
+            knob = pipe.knobs["shuffle.buffer_mb"]
+            assert knob.max == tune_live.MEMORY_CEILING_MB
+            assert (knob.min, knob.value) == ((256, 256) if floor else (1, 1536))

@@ -42,6 +42,11 @@ class Workload:
     shuffle_rows: int = 4096
     """Shuffle window in rows; the ``shuffle.buffer_mb`` knob caps it by memory."""
     shuffle_mb: int = 64
+    shuffle_min_mb: int = 1
+    """The shuffle window's floor (``shuffle(min_buffer_mb=...)``): no policy may cut it below."""
+    max_mb: int | None = None
+    """The buffers' ceiling the user states (``Pipeline(max_mb=...)``); None: the engine's default,
+    half the cgroup's limit."""
     prefetch_depth: int = 8
     prefetch_mb: int = 64
     batch_rows: int = 1024
@@ -101,9 +106,14 @@ def build_pipeline(workload: Workload, source: RowSource) -> Pipeline:
     )
     udf = functools.partial(hash_features, loops=workload.udf_loops)
     return (
-        Pipeline.from_iterable(source, name="ids", deterministic=False)
+        Pipeline.from_iterable(source, name="ids", deterministic=False, max_mb=workload.max_mb)
         .map(reader, name="read", mode="thread")
-        .shuffle(buffer_rows=workload.shuffle_rows, seed=0, buffer_mb=workload.shuffle_mb)
+        .shuffle(
+            buffer_rows=workload.shuffle_rows,
+            seed=0,
+            buffer_mb=workload.shuffle_mb,
+            min_buffer_mb=workload.shuffle_min_mb,
+        )
         .map(udf, name="udf", mode="process")
         .batch(workload.batch_rows)
         .prefetch(depth=workload.prefetch_depth, buffer_mb=workload.prefetch_mb)

@@ -7,7 +7,10 @@
    affinity of every thread and child process); we report how long each policy takes to reach 90% of
    the per-phase best again and that every row arrived exactly once;
 3. memory: the pipeline runs in a child process inside a cgroup-v1 memory cgroup whose limit the even
-   split's buffers exceed; we report whether each policy got the child OOM-killed.
+   split's buffers exceed (the user states a 2 GB ceiling, which the engine would otherwise refuse under
+   a 1 GB limit); we report whether each policy got the child OOM-killed, and the shuffle window it
+   left. memory-floor: the same, but the user's shuffle window (256 MB, which fits) is the knob's floor,
+   so a policy survives by tuning workers and prefetch, not by cutting randomness.
 
 This module owns the three benchmarks, their targets, their settings, the CLI and its report: the
 full table the terminal prints, and (``--md``) the per-policy summary the README copies. It must not
@@ -34,7 +37,7 @@ from intune.bench._tune_machine import MemoryCgroup, memory_cgroup_unavailable
 from intune.bench.results import format_table, machine_info, write_json
 
 MB = 1 << 20
-BENCHMARKS = ("convergence", "resize", "memory")
+BENCHMARKS = ("convergence", "resize", "memory", "memory-floor")
 DEFAULT_POLICIES = ("intune", "heuristic", "plumber-adaptive", "autotune-adaptive")
 ROW_COLUMNS = ["benchmark", "policy", "metric", "value", "target", "unit", "meets"]
 
@@ -86,15 +89,24 @@ class Settings:
         )
 
 
-def memory_workload() -> wl.Workload:
-    """Big rows and big buffers: the even split's shuffle buffer alone is over the cgroup limit."""
+MEMORY_CEILING_MB = 2048
+"""The buffers' ceiling the memory scenarios' user states (the engine's default would be half the
+cgroup's limit, and would refuse the 1.5 GB shuffle window up front)."""
+SHUFFLE_FLOOR_MB = 256
+
+
+def memory_workload(floor: bool = False) -> wl.Workload:
+    """Big rows and big buffers: the even split's buffers are over the cgroup limit. With ``floor`` the
+    shuffle window is 256 MB and may not shrink: only prefetch and workers are left to tune."""
     return wl.Workload(
         chunk_rows=256,
         io_ms=20.0,
         udf_loops=50,
         payload_floats=2048,
         shuffle_rows=1 << 20,
-        shuffle_mb=1536,
+        shuffle_mb=SHUFFLE_FLOOR_MB if floor else 1536,
+        shuffle_min_mb=SHUFFLE_FLOOR_MB if floor else 1,
+        max_mb=MEMORY_CEILING_MB,
         prefetch_depth=64,
         prefetch_mb=512,
         batch_rows=256,
@@ -329,25 +341,28 @@ def memory_child(config_path: str) -> None:
     Path(config["history"]).write_text("".join(json.dumps(row) + "\n" for row in run.history))
 
 
-def bench_memory(policies: Sequence[str], s: Settings, history_dir: str | None) -> list[dict[str, Any]]:
+def bench_memory(
+    policies: Sequence[str], s: Settings, history_dir: str | None, bench: str = "memory"
+) -> list[dict[str, Any]]:
+    """``bench`` is ``memory`` (the window may be cut) or ``memory-floor`` (it may not)."""
     reason = memory_cgroup_unavailable()
     if reason:
-        print(f"memory: skipped, cannot create a memory cgroup here: {reason}", flush=True)
-        return [_row("memory", "-", "skipped", f"no writable memory cgroup: {reason}")]
-    workload = memory_workload()
+        print(f"{bench}: skipped, cannot create a memory cgroup here: {reason}", flush=True)
+        return [_row(bench, "-", "skipped", f"no writable memory cgroup: {reason}")]
+    workload = memory_workload(floor=bench == "memory-floor")
     limit = s.memory_limit_mb * MB
     rows = [
         _row(
-            "memory",
+            bench,
             "-",
             "limit_mb",
             s.memory_limit_mb,
-            f"< shuffle {workload.shuffle_mb} + prefetch {workload.prefetch_mb} MB",
+            f"< shuffle {workload.shuffle_mb} (floor {workload.shuffle_min_mb}) + prefetch {workload.prefetch_mb} MB",
             "MB",
         )
     ]
     for policy in policies:
-        print(f"memory: {policy} for {s.memory_s:.0f} s under {s.memory_limit_mb} MB", flush=True)
+        print(f"{bench}: {policy} for {s.memory_s:.0f} s under {s.memory_limit_mb} MB", flush=True)
         group = MemoryCgroup(limit)
         with tempfile.TemporaryDirectory(prefix="intune-bench-mem-") as tmp:
             cfg, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
@@ -384,22 +399,24 @@ def bench_memory(policies: Sequence[str], s: Settings, history_dir: str | None) 
             history = [json.loads(line) for line in saved.read_text().splitlines()] if saved.exists() else []
         killed = rc == -signal.SIGKILL or stats["oom_kill"] > 0
         rows += [
-            _row("memory", policy, "oom_killed", killed, "no"),
-            _row("memory", policy, "oom_kill_events", stats["oom_kill"], "= 0"),
-            _row("memory", policy, "limit_hits_failcnt", stats["failcnt"], "", "count"),
-            _row("memory", policy, "peak_usage_mb", stats["max_usage_bytes"] / MB, "", "MB"),
-            _row("memory", policy, "child_exit", rc, "= 0"),
-            _row("memory", policy, "child_lived_s", lived, "", "s"),
+            _row(bench, policy, "oom_killed", killed, "no"),
+            _row(bench, policy, "oom_kill_events", stats["oom_kill"], "= 0"),
+            _row(bench, policy, "limit_hits_failcnt", stats["failcnt"], "", "count"),
+            _row(bench, policy, "peak_usage_mb", stats["max_usage_bytes"] / MB, "", "MB"),
+            _row(bench, policy, "child_exit", rc, "= 0"),
+            _row(bench, policy, "child_lived_s", lived, "", "s"),
         ]
-        _save_history(history_dir, f"memory-{policy}", history)
+        _save_history(history_dir, f"{bench}-{policy}", history)
         if history:
             last = history[-1]["knobs"]
             buffers = {k: v for k, v in last.items() if k.endswith("buffer_mb")}
-            rows.append(_row("memory", policy, "last_seen_buffers", _fmt_alloc(buffers), "", "MB"))
+            rows.append(_row(bench, policy, "last_seen_buffers", _fmt_alloc(buffers), "", "MB"))
+            window = last.get("shuffle.buffer_mb")
+            rows.append(_row(bench, policy, "final_shuffle_mb", window, f">= {workload.shuffle_min_mb}", "MB"))
         if result is not None:
-            rows.append(_row("memory", policy, "rows_per_s", result["rows_per_s"], "", "rows/s"))
-            rows += _exactly_once_rows("memory", policy, result["check"])
-            rows.append(_row("memory", policy, "tuner_failures", sum(result["failures"].values()), "= 0"))
+            rows.append(_row(bench, policy, "rows_per_s", result["rows_per_s"], "", "rows/s"))
+            rows += _exactly_once_rows(bench, policy, result["check"])
+            rows.append(_row(bench, policy, "tuner_failures", sum(result["failures"].values()), "= 0"))
     return rows
 
 
@@ -466,8 +483,9 @@ def run(args: argparse.Namespace) -> int:
         rows += bench_convergence(policies, settings, searches, args.history)
     if "resize" in only:
         rows += bench_resize(policies, settings, searches, args.history)
-    if "memory" in only:
-        rows += bench_memory(policies, settings, args.history)
+    for bench in ("memory", "memory-floor"):
+        if bench in only:
+            rows += bench_memory(policies, settings, args.history, bench)
     print(format_table(rows, ROW_COLUMNS))
     search_rows = {
         str(c): [{"allocation": a, "rows_per_s": r} for a, r in res.measured] for c, res in searches.items()
@@ -556,6 +574,10 @@ def _policy_summary(policy: str, rows: list[dict[str, Any]], tail_s: float) -> d
         "memory: OOM-killed": cell("memory", "oom_killed", ""),
         "memory: rows/s": cell("memory", "rows_per_s", ",.0f"),
         "memory: peak MB": cell("memory", "peak_usage_mb", ",.0f"),
+        "memory: final shuffle MB": cell("memory", "final_shuffle_mb", ",.0f"),
+        f"floor {SHUFFLE_FLOOR_MB} MB: OOM-killed": cell("memory-floor", "oom_killed", ""),
+        "floor: rows/s": cell("memory-floor", "rows_per_s", ",.0f"),
+        "floor: peak MB": cell("memory-floor", "peak_usage_mb", ",.0f"),
         "rows lost or repeated": _fmt(sum(checked), ",.0f") if checked else "-",
     }
 
