@@ -68,8 +68,13 @@ def test_one_system_measured_in_its_own_process(tmp_path) -> None:
     spec = _engine_spec(tmp_path, 40_000, "none")
     out = real.run_child(spec, timeout_s=120)
     assert "error" not in out, out
-    assert out["rows"] == 16_384 and out["rows_per_s"] > 0 and out["cpu_s"] > 0
-    assert out["peak_rss_mb"] > 50 and 0 <= out["idle_pct"] <= 100
+    # 16,384 rows = 8 batches of 2048, after 2 warm-up batches; the 5 ms model step sleeps after each
+    assert out["rows"] == 16_384 and out["seconds"] >= 8 * 0.005 and out["warmup_s"] >= 2 * 0.005
+    assert out["rows_per_s"] == pytest.approx(16_384 / out["seconds"])
+    assert out["cpu_s"] > 0 and out["cpu_util"] == pytest.approx(out["cpu_s"] / out["seconds"] / 2.0)
+    # idle is the share of the measured time spent waiting for a batch: never the model's sleeps
+    assert 0 <= out["idle_pct"] <= 100 * (1 - 8 * 0.005 / out["seconds"])
+    assert out["peak_rss_mb"] > 50
     assert out["config"]["knobs"]["udf.workers"] == 1
 
 

@@ -1,6 +1,4 @@
-"""The simulator's ticks: observations, OOM and restart, CPU schedules, determinism, episodes, speed."""
-
-import time
+"""The simulator's ticks: observations, OOM and restart, CPU schedules, determinism, episodes."""
 
 import numpy as np
 import pytest
@@ -148,16 +146,15 @@ def test_variants_and_random_workloads_simulate():
     assert len(random_workload(1, n_stages=5).stages) == 5
 
 
-def test_speed_is_in_the_thousands_of_ticks_per_second():
+def test_a_long_run_counts_every_tick_without_ooms():
+    # its speed (target >= 10,000 ticks/s) is measured by `intune bench sim`, not here
     sim = Simulator("criteo", cpus=64)
     sim.reset()
     for name, value in even_split(sim.knobs, 64).items():
         sim.knobs[name].set(value)
-    start = time.perf_counter()
-    for _ in range(3000):
-        sim.step()
-    rate = 3000 / (time.perf_counter() - start)
-    assert rate > 1500, f"{rate:.0f} ticks/s"  # loose: the target (>= 10,000) is measured by bench sim
+    observations = [sim.step() for _ in range(3000)]
+    assert [o.tick for o in observations] == list(range(1, 3001))
+    assert not any(o.oom for o in observations) and all(o.throughput > 0 for o in observations)
 
 
 def test_consumer_stall_stops_delivery_and_fills_buffers():

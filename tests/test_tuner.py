@@ -313,14 +313,14 @@ def test_close_stops_the_thread_promptly():
     assert tuner.running
     t0 = time.monotonic()
     tuner.close()
-    assert time.monotonic() - t0 < 1.0 and not tuner.running and pipe.closed
+    assert time.monotonic() - t0 < 5.0 and not tuner.running and pipe.closed  # a hang bound; the tick is 30 s
 
 
 def test_closing_the_pipeline_stops_the_tuner():
     pipe = FakePipeline(n_batches=10_000)
     tuner = tune(pipe, AskOnce({}), tick_s=0.02, monitor=_monitor()).start()
     pipe.close()
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 10.0
     while tuner.running and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not tuner.running
@@ -453,7 +453,7 @@ def test_closing_the_real_pipeline_stops_the_tuner():
     next(it)
     _wait_for_ticks(tuner, 2)
     pipe.close()
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 10.0
     while tuner.running and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not tuner.running and tuner.failures == {}

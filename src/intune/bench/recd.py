@@ -12,7 +12,8 @@ The stages run in-process, one after another (a sequential loop over the same ma
 engine would run), so the ratios measure the work saved, not parallelism. Plain and dedup sides are
 advanced in turn, one batch or one training step each, and timed step by step, so that the load of
 other processes hits both alike; ratios use this process's CPU seconds by default (``--clock``), and
-wall-clock ratios are recorded beside them. AUC is the mean over ``--auc-seeds`` training runs.
+wall-clock ratios are recorded beside them. AUC is the mean over ``--auc-seeds`` training runs;
+"dedup is no worse" is judged on the same held-out rows by a paired bootstrap of AUC(dedup) - AUC(plain).
 This module owns the benchmark and its plot; it must not define the transforms or the model.
 """
 
@@ -23,6 +24,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,9 @@ from intune.bench.results import format_table, save_figure, write_json
 TARGETS = {"storage_ratio": 2.0, "preprocess_ratio": 1.5, "train_ratio": 1.5}  # at mean session length 8
 CONTROL_FLOOR = 0.95  # at length 1, dedup may be at most 5% slower
 LEARNING_RATE = 0.01
-AUC_TOLERANCE = 0.005  # "not worse": the mean may trail by this, or by 2 standard errors over seeds
+AUC_TOLERANCE = 0.005  # "no worse": the 95% interval of AUC(dedup) - AUC(plain) stays above -this
+AUC_LEVEL = 0.95  # of the paired bootstrap's percentile interval
+AUC_RESAMPLES = 1000  # bootstrap resamples of the held-out rows
 # wall: elapsed time; cpu: CPU seconds of this process, which other processes' load does not inflate
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
@@ -59,6 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(0: always encode)")
     parser.add_argument("--auc-seeds", type=int, help="training runs (shuffle and init seeds) averaged for AUC "
                                                         "(default 3, quick 1); only the first is timed")
+    parser.add_argument("--auc-resamples", type=int, default=AUC_RESAMPLES,
+                        help=f"bootstrap resamples of the held-out rows for the AUC difference (default {AUC_RESAMPLES})")
 
 
 def _row_shuffle(chunks: Iterator[dict], window_rows: int, seed: int) -> Iterator[dict]:
@@ -203,33 +209,69 @@ def train_side_by_side(batches: dict[str, list], seed: int, device: str) -> tupl
     return models, spent, samples
 
 
-def auc(labels: Any, scores: Any) -> float:
-    """Area under the ROC curve by the rank-sum formula (ties get average ranks)."""
-    from scipy.stats import rankdata
-
-    labels, scores = np.asarray(labels).astype(bool), np.asarray(scores)
-    pos, neg = int(labels.sum()), int((~labels).sum())
-    if pos == 0 or neg == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+def held_out_labels(batches: list) -> np.ndarray:
+    """The labels of the held-out batches, in the order ``predict`` scores them."""
+    return np.concatenate([batch.label.cpu().numpy() for batch in batches])
 
 
-def evaluate(model: Any, batches: list, device: str) -> float:
+def predict(model: Any, batches: list, device: str) -> np.ndarray:
+    """The model's scores for every held-out row, in batch order: both sides score the same rows."""
     import torch
 
     model.eval()
-    scores, labels = [], []
+    scores = []
     with torch.no_grad():
         for batch in batches:
             scores.append(model(_to_device(batch, device)).float().cpu().numpy())
-            labels.append(batch.label.cpu().numpy())
     model.train()
-    return auc(np.concatenate(labels), np.concatenate(scores))
+    return np.concatenate(scores)
+
+
+@dataclass(frozen=True)
+class AucDifference:
+    """AUC(new) - AUC(base) on all held-out rows, and its bootstrap percentile interval."""
+
+    diff: float
+    low: float
+    high: float
+
+
+def paired_auc_difference(labels: Any, scores_new: Any, scores_base: Any, resamples: int = AUC_RESAMPLES,
+                          level: float = AUC_LEVEL, seed: int = 0) -> AucDifference:
+    """AUC(new) - AUC(base) with a paired bootstrap percentile interval over the held-out rows.
+
+    Paired: each resample of the rows scores both sides, so what they share (which rows are hard to
+    rank) cancels in the difference, and the interval is narrower than two independent AUC errors
+    whenever the sides' scores are correlated. Stratified: positives and negatives are resampled
+    separately, each keeping its count, so every resample has both classes and an AUC. ``scores_*``
+    may be (models, rows), one row per training seed: the difference is then the mean over the
+    (new, base) pairs of the same seed. The interval covers the held-out rows' sampling noise, not
+    the variation between training seeds.
+    """
+    from intune.dlrm.train import roc_auc
+
+    labels = np.asarray(labels).astype(bool)
+    new, base = np.atleast_2d(np.asarray(scores_new)), np.atleast_2d(np.asarray(scores_base))
+    if new.shape != base.shape or new.shape[1] != labels.size:
+        raise ValueError(f"scores must be (models, rows) alike with {labels.size} rows; got {new.shape} and {base.shape}")
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"need resamples >= 1 and 0 < level < 1; got {resamples} and {level}")
+
+    def mean_diff(rows: np.ndarray) -> float:
+        y = labels[rows]
+        return float(np.mean([roc_auc(y, n[rows]) - roc_auc(y, b[rows]) for n, b in zip(new, base, strict=True)]))
+
+    rng = np.random.default_rng(seed)
+    pos, neg = np.flatnonzero(labels), np.flatnonzero(~labels)
+    diffs = [mean_diff(np.concatenate([rng.choice(pos, pos.size), rng.choice(neg, neg.size)]))
+             for _ in range(resamples)]
+    low, high = np.percentile(diffs, [50 * (1 - level), 50 * (1 + level)])
+    return AucDifference(mean_diff(np.arange(labels.size)), float(low), float(high))
 
 
 def run_one(session_len: float, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """All four measurements for one mean session length."""
+    from intune.dlrm.train import roc_auc
     from intune.recd.sessions import write_session_dataset
 
     rows, test_rows = args.rows, args.test_rows
@@ -245,14 +287,17 @@ def run_one(session_len: float, args: argparse.Namespace, workdir: Path) -> dict
     test_batches = preprocess(test["files"], False, 8192, args.window_rows, seed)
     unique_rows = sum(b.num_user_rows for b in batches["dedup"])
     models, spent, samples = train_side_by_side(batches, args.seed, args.device)
-    aucs = {side: [evaluate(models[side], test_batches, args.device)] for side in models}
+    scores = {side: [predict(models[side], test_batches, args.device)] for side in models}
     for k in range(1, args.auc_seeds):  # more (shuffle, init) seeds, untimed: AUC varies by ~0.01-0.02
         more = {side: preprocess(clustered["files"], side == "dedup", args.batch_size, args.window_rows, seed + k,
                                  args.min_saving)
                 for side in ("plain", "dedup")}
         more_models, _, _ = train_side_by_side(more, args.seed + k, args.device)
-        for side in aucs:
-            aucs[side].append(evaluate(more_models[side], test_batches, args.device))
+        for side in scores:
+            scores[side].append(predict(more_models[side], test_batches, args.device))
+    labels = held_out_labels(test_batches)
+    aucs = {side: [roc_auc(labels, s) for s in scores[side]] for side in scores}
+    paired = paired_auc_difference(labels, scores["dedup"], scores["plain"], args.auc_resamples, seed=seed)
     clock = "wall" if args.device != "cpu" or args.clock == "wall" else "cpu"
     speed = {key: samples[key[0]] / spent[key] for key in spent}
     rate = {key: rows / seconds[key] for key in seconds}
@@ -265,6 +310,9 @@ def run_one(session_len: float, args: argparse.Namespace, workdir: Path) -> dict
         "auc_plain": float(np.mean(aucs["plain"])),
         "auc_dedup_per_seed": aucs["dedup"],
         "auc_plain_per_seed": aucs["plain"],
+        "auc_diff": paired.diff,
+        "auc_diff_low": paired.low,
+        "auc_diff_high": paired.high,
         "bytes_clustered": clustered["bytes"],
         "bytes_arrival": arrival["bytes"],
         "clock": clock,
@@ -280,17 +328,8 @@ def run_one(session_len: float, args: argparse.Namespace, workdir: Path) -> dict
         "actual_mean_session_len": clustered["mean_session_len"],
         "rows": rows,
     }
-    result["auc_diff_stderr"] = _auc_standard_error(result)
     shutil.rmtree(base, ignore_errors=True)
     return result
-
-
-def _auc_standard_error(r: dict[str, Any]) -> float:
-    """Standard error of the mean AUC difference over training seeds (0 with one seed)."""
-    per = [r.get("auc_plain_per_seed", []), r.get("auc_dedup_per_seed", [])]
-    if min(len(p) for p in per) < 2:
-        return 0.0
-    return float(np.sqrt(sum(np.var(p, ddof=1) / len(p) for p in per)))
 
 
 def check_targets(results: list[dict[str, Any]]) -> list[str]:
@@ -302,10 +341,10 @@ def check_targets(results: list[dict[str, Any]]) -> list[str]:
         if r["session_len"] == 1:
             misses += [f"{k} at length 1 is {r[k]:.2f}, floor {CONTROL_FLOOR}"
                        for k in ("preprocess_ratio", "train_ratio") if r[k] < CONTROL_FLOOR]
-        margin = max(AUC_TOLERANCE, 2 * _auc_standard_error(r))
-        if r["auc_dedup"] < r["auc_plain"] - margin:
-            misses.append(f"AUC with dedup {r['auc_dedup']:.4f} < plain {r['auc_plain']:.4f} - {margin:.4f} at "
-                          f"length {r['session_len']:g}")
+        if r["auc_diff_low"] < -AUC_TOLERANCE:  # dedup no worse: the whole interval above -tolerance
+            misses.append(f"AUC dedup - plain is {r['auc_diff']:+.4f}, {AUC_LEVEL:.0%} interval "
+                          f"[{r['auc_diff_low']:+.4f}, {r['auc_diff_high']:+.4f}] reaches below -{AUC_TOLERANCE} "
+                          f"at length {r['session_len']:g}")
     return misses
 
 
@@ -354,6 +393,8 @@ def run(args: argparse.Namespace) -> int:
     lens = [float(x) for x in args.session_lens.split(",") if x.strip()]
     if not lens or min(lens) < 1:
         raise ValueError(f"--session-lens must be numbers >= 1, got {args.session_lens!r}")
+    if args.auc_resamples < 1:
+        raise ValueError(f"--auc-resamples must be >= 1, got {args.auc_resamples}")
     results = []
     with tempfile.TemporaryDirectory(prefix="intune-recd-") as tmp:
         for session_len in lens:
@@ -368,10 +409,11 @@ def run(args: argparse.Namespace) -> int:
     misses = check_targets(results)
     print("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
     settings = {k: getattr(args, k) for k in ("rows", "test_rows", "batch_size", "window_rows", "threads", "device", "clock",
-                                              "repeats", "seed", "quick", "auc_seeds", "min_saving")}
+                                              "repeats", "seed", "quick", "auc_seeds", "auc_resamples", "min_saving")}
     if args.json:
         write_json(args.json, results, settings=settings,
-                   targets={**TARGETS, "control_floor": CONTROL_FLOOR, "auc_tolerance": AUC_TOLERANCE},
+                   targets={**TARGETS, "control_floor": CONTROL_FLOOR, "auc_tolerance": AUC_TOLERANCE,
+                            "auc_interval_level": AUC_LEVEL},
                    targets_missed=misses)
         print(f"wrote {args.json}")
     if args.plot:
