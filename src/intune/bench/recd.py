@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from intune.bench.results import format_table, save_figure, write_json
+from intune.bench import md_report
+from intune.bench.results import format_table, machine_info, save_figure, write_json
 
 TARGETS = {"storage_ratio": 2.0, "preprocess_ratio": 1.5, "train_ratio": 1.5}  # at mean session length 8
 CONTROL_FLOOR = 0.95  # at length 1, dedup may be at most 5% slower
@@ -44,6 +45,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write results to this JSON file")
+    parser.add_argument("--md", help="write the table, the AUC intervals and the targets as Markdown here")
     parser.add_argument("--plot", help="write a PNG of the ratios against session length")
     parser.add_argument("--quick", action="store_true", help="fewer rows (a smoke run, noisier)")
     parser.add_argument("--rows", type=int, help="training rows per session length (default 200k, quick 30k)")
@@ -419,4 +421,29 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(results, args.plot)
         print(f"wrote {args.plot}")
+    if args.md:
+        print(f"wrote {md_report.write(args.md, markdown_report(results, settings, misses))}")
     return 0
+
+
+MD_COLUMNS = ["session_len", "storage_ratio", "preprocess_ratio", "train_ratio", "auc_plain", "auc_dedup",
+              "auc_diff", "auc_diff_low", "auc_diff_high", "unique_user_fraction"]
+
+
+def markdown_report(results: list[dict[str, Any]], settings: dict[str, Any], misses: list[str]) -> str:
+    """The command, date and machine; the ratios and the paired AUC intervals per session length; the
+    targets missed (the same figures ``--json`` writes)."""
+    context = [
+        md_report.load_line(),
+        f"{settings['rows']:,} training and {settings['test_rows']:,} held-out rows per session length; "
+        f"ratios are dedup over plain in {settings['clock']} time (best of {settings['repeats']} timed "
+        f"repeats); AUC over {settings['auc_seeds']} training seeds, its difference as a paired bootstrap "
+        f"of the held-out rows ({settings['auc_resamples']} resamples, 95% interval).",
+    ]
+    rows = [{k: r.get(k) for k in MD_COLUMNS} for r in results]
+    verdict = ["All targets met."] if not misses else [f"- {m}" for m in misses]
+    sections = [
+        md_report.section("Per session length", rows=rows, columns=MD_COLUMNS),
+        md_report.section("Targets", verdict),
+    ]
+    return md_report.render(md_report.command_line(("bench", "recd")), machine_info(), context, sections)
