@@ -133,6 +133,10 @@ def test_tune_report_has_one_row_per_policy_the_search_and_every_row() -> None:
         "no",
         "-",
         "798",
+        "-",
+        "-",
+        "-",
+        "-",
         "2",
     ]
     heuristic = _table_row(text, "heuristic")
