@@ -17,7 +17,7 @@ It must not know about stages, threads or files.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,12 +114,20 @@ class Schema:
     def describe(self) -> str:
         return ", ".join(f"{n}: {c.describe()}" for n, c in self.columns.items())
 
-    def conform(self, chunk: Mapping[str, np.ndarray], where: str, widen_ok: bool = False) -> dict:
+    def conform(
+        self, chunk: Mapping[str, np.ndarray], where: str | Callable[[], str], widen_ok: bool = False
+    ) -> dict:
         """``chunk`` checked against the schema (and widened where ``widen_ok``), in schema order.
 
         Raises ``SchemaError`` naming ``where``, the column and both types on a missing or extra
-        column or a type the schema's cannot hold exactly.
+        column or a type the schema's cannot hold exactly. ``where`` may be a function, called only
+        for an error: describing a chunk's origin costs more than checking it.
         """
+        if callable(where):
+            try:
+                return self.conform(chunk, "", widen_ok)
+            except SchemaError as exc:
+                raise SchemaError(f"{where()}{exc}") from None
         names = chunk.keys()
         if names != self.columns.keys():
             missing = [n for n in self.columns if n not in names]

@@ -352,12 +352,14 @@ class MapStage(PooledStage):
         return [Item(self._conform(chunk, item), item.origin, item.rows, nbytes(chunk))]
 
     def _conform(self, chunk: Chunk, item: Item) -> Chunk:
+        def where() -> str:  # words only for an error: describing an origin costs more than the check
+            return f"the output of stage {self.name!r} on {item.origin.describe() if item.origin else 'a chunk'}"
+
         schema = self._schema
-        where = f"the output of stage {self.name!r} on {item.origin.describe() if item.origin else 'a chunk'}"
         if schema is None:
             with self._schema_lock:
                 if self._schema is None:
-                    self._schema = Schema.of(chunk, f"fixed by {where}")
+                    self._schema = Schema.of(chunk, f"fixed by {where()}")
                 schema = self._schema
         return schema.conform(chunk, where)
 
