@@ -14,6 +14,7 @@ import pytest
 
 import intune
 from _exactly_once import assert_exactly_once, delivered_ids
+from _processes import still_running
 from intune.pipeline import PipelineClosedError, SourceError, StageError, WorkerLostError
 
 pa = pytest.importorskip("pyarrow")
@@ -138,23 +139,6 @@ def test_unequal_columns_from_a_source_are_named():
         list(intune.Pipeline.from_iterable(chunks))
 
 
-def _running(pids, within_s):
-    """The processes among ``pids`` still running (zombies waiting for init to reap them do not count)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = []
-        for p in pids:
-            try:
-                info = psutil.Process(p)
-                if info.status() != psutil.STATUS_ZOMBIE:
-                    alive.append((p, info.status(), info.ppid(), info.cmdline()[:2]))
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
 def _children():
     return psutil.Process().children(recursive=True)
 
@@ -185,7 +169,7 @@ def test_close_with_busy_process_workers_is_fast_and_leaves_no_child():
     t0 = time.monotonic()
     pipe.close()
     assert time.monotonic() - t0 < 5
-    assert not _running(pids, within_s=0.0)
+    assert not still_running(pids, within_s=0.0)
     assert not [c for c in _children() if c.pid in pids]
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"intune-{os.getpid()}-{pipe.label}")]
 
@@ -216,4 +200,4 @@ def test_ctrl_c_in_the_consumer_stops_within_5s_and_leaves_no_child(tmp_path):
     proc.wait(timeout=10)
     assert time.monotonic() - t0 < 5
     assert proc.returncode != 0
-    assert not _running(pids, within_s=3.0), "worker processes survived Ctrl-C"
+    assert not still_running(pids, within_s=3.0), "worker processes survived Ctrl-C"

@@ -14,10 +14,10 @@ from functools import lru_cache
 
 import cloudpickle
 import numpy as np
-import psutil
 import pytest
 
 import intune
+from _processes import still_running
 from intune.pipeline import StageError, shm
 from intune.pipeline.procworker import ChunkTimeout, ProcessWorker
 
@@ -169,22 +169,6 @@ def test_a_pipeline_with_chunks_larger_than_dev_shm_finishes_and_warns(tmp_path)
 # ---- leftover segments ------------------------------------------------------------------------------
 
 
-def _running(pids, within_s):
-    """The processes among ``pids`` still running (zombies waiting to be reaped do not count)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
 def _segments_of(pid, fallback):
     prefix = f"intune-{pid}-"
     return _ours("/dev/shm", prefix) + _ours(fallback, prefix)
@@ -226,7 +210,7 @@ def test_sigkilled_consumer_leaves_no_worker_and_no_segment(tmp_path):
         proc.kill()
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    assert not _running(pids, within_s=30.0), "workers outlived their SIGKILLed consumer"
+    assert not still_running(pids, within_s=30.0), "workers outlived their SIGKILLed consumer"
     deadline = time.monotonic() + 30
     while _segments_of(proc.pid, fallback) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -343,7 +327,7 @@ def test_chunk_timeout_kills_the_hung_child_and_restart_resends_the_chunk(tmp_pa
             worker.collect(stop, timeout_s=1.0)
         assert time.monotonic() - t0 < 60  # a hang bound, not a speed requirement
         assert info.value.seconds == 1.0 and marker.exists()
-        assert worker.pid is None and not _running([pid], within_s=5.0)
+        assert worker.pid is None and not still_running([pid], within_s=5.0)
         assert worker.in_flight == 1  # kept for the restart
         worker.restart()
         assert worker.collect(stop, timeout_s=60.0)[0]["id"].tolist() == list(range(10))

@@ -25,6 +25,17 @@ def hang_on_chunk_2(chunk: dict) -> dict:
     return chunk
 
 
+def held_at_chunk_2(release: threading.Event):
+    """A UDF that holds chunk 2 (ids 20-29) until ``release`` is set: a stall the test can end."""
+
+    def wait_on_chunk_2(chunk):
+        if chunk["id"][0] == 20:
+            release.wait(HANG_BOUND_S)
+        return chunk
+
+    return wait_on_chunk_2
+
+
 def run_with_bound(fn):
     """Run ``fn`` in a thread; its exception or result, or a failure if it is still running."""
     box: dict = {}
@@ -75,12 +86,7 @@ def test_a_hung_process_chunk_is_skipped_and_counted_under_skip():
 
 def test_a_stalled_stage_is_reported_stalled_and_busy_not_starved_then_recovers():
     release = threading.Event()
-
-    def wait_on_chunk_2(chunk):
-        if chunk["id"][0] == 20:
-            release.wait(HANG_BOUND_S)
-        return chunk
-
+    wait_on_chunk_2 = held_at_chunk_2(release)
     pipe = intune.Pipeline.from_iterable(chunks(), stall_after_s=0.5).map(wait_on_chunk_2, name="udf")
     with pipe:
         it = iter(pipe)
@@ -125,12 +131,7 @@ class AlwaysMore:
 
 def test_the_tuner_adds_no_worker_to_a_stalled_stage():
     release = threading.Event()
-
-    def wait_on_chunk_2(chunk):
-        if chunk["id"][0] == 20:
-            release.wait(HANG_BOUND_S)
-        return chunk
-
+    wait_on_chunk_2 = held_at_chunk_2(release)
     pipe = intune.Pipeline.from_iterable(chunks(), stall_after_s=0.3).map(wait_on_chunk_2, name="udf")
     tuner = intune.tune(pipe, AlwaysMore(), tick_s=0.2)
     with tuner:

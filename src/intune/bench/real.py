@@ -507,24 +507,14 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
         md_report.section("Systems", [], summary_rows(systems)),
         md_report.section("Memory and time to data", [], time_rows(systems, job)),
     ]
-    dataloader = [s for s in summary if s["role"] == "dataloader-sweep"]
-    if dataloader:
-        sections.append(
-            md_report.section(
-                "PyTorch DataLoader sweep",
-                ["Persistent workers, every `num_workers` from one to two per CPU:"],
-                sweep_rows(dataloader),
-            )
-        )
-    static = [s for s in summary if s["role"] == "static-sweep"]
-    if static:
-        sections.append(
-            md_report.section(
-                "Fixed engine allocations",
-                ["No tuner; the bound's cross-check:"],
-                sweep_rows(static),
-            )
-        )
+    sweeps = (
+        ("dataloader-sweep", "PyTorch DataLoader sweep", "Persistent workers, every `num_workers` from one to two per CPU:"),
+        ("static-sweep", "Fixed engine allocations", "No tuner; the bound's cross-check:"),
+    )
+    for role, title, text in sweeps:
+        swept = [s for s in summary if s["role"] == role]
+        if swept:
+            sections.append(md_report.section(title, [text], sweep_rows(swept)))
     sections.append(
         md_report.section(
             "Final allocations",
