@@ -145,6 +145,9 @@ class Schema:
         out = {}
         for name, want in self.columns.items():
             array = np.asarray(chunk[name])
+            if array.dtype == want.dtype and array.shape[1:] == want.row_shape:
+                out[name] = array  # the common case, without building a Column per column per chunk
+                continue
             got = column_of(array)
             if not want.same_type(got):
                 fixed = widen(array, want.dtype) if widen_ok and got.row_shape == want.row_shape else None

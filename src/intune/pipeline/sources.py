@@ -132,7 +132,9 @@ class ParquetSource(Source):
         widen: bool = False,
     ) -> None:
         self.paths = paths
-        self.columns = list(columns) if columns is not None else None
+        # a given schema names the columns to read
+        wanted = columns if columns is not None else list(schema.columns) if schema is not None else None
+        self.columns = list(wanted) if wanted is not None else None
         self.chunk_rows = chunk_rows
         self.strings = strings
         self.schema = schema
@@ -140,15 +142,7 @@ class ParquetSource(Source):
         self._plan: list[tuple[int, int, int]] | None = None  # (file index, row group, first row)
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._check_columns_exist(paths[0])
-
-    def _check_columns_exist(self, path: str) -> None:
-        """A requested column the first file lacks fails now, not as a batch without it later."""
-        wanted = self.columns if self.columns is not None else list(self.schema.columns) if self.schema else []
-        have = self._open(path).schema_arrow.names
-        missing = [c for c in wanted if c not in have]
-        if missing:
-            raise SchemaError(f"Parquet file {path!r} has no column(s) {missing}; its columns are {have}")
+        self._file_schema(paths[0])  # a requested column the first file lacks fails now, not later
 
     def _open(self, path: str) -> Any:
         import pyarrow.parquet as pq
@@ -224,9 +218,8 @@ class ParquetSource(Source):
         assert self._plan is not None and self.schema is not None
         f, group, first = self._plan[unit]
         path = self.paths[f]
-        columns = self.columns if self.columns is not None else list(self.schema.columns)
         try:
-            table = self._open(path).read_row_group(group, columns=columns)
+            table = self._open(path).read_row_group(group, columns=self.columns)
         except SourceError:
             raise
         except Exception as exc:

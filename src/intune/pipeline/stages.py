@@ -142,6 +142,11 @@ def check_int(what: str, value: Any, lo: int, hi: int | None = None) -> int:
     return int(value)
 
 
+def origin_words(item: Item | None) -> str:
+    """Which source rows ``item`` holds, in words for an error message (only then: it costs)."""
+    return item.origin.describe() if item is not None and item.origin else "a chunk"
+
+
 def check_seconds(what: str, value: Any) -> float:
     """Validate a positive, finite number of seconds; the ``ValueError`` names the argument."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -331,7 +336,7 @@ class MapStage(PooledStage):
             stats.skipped += 1
             return []
         cause = str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
-        error = StageError(self.name, item.origin.describe() if item.origin else "a chunk", cause, text)
+        error = StageError(self.name, origin_words(item), cause, text)
         raise error from exc
 
     def _result(self, out: Any, item: Item) -> list[Item]:
@@ -353,7 +358,7 @@ class MapStage(PooledStage):
 
     def _conform(self, chunk: Chunk, item: Item) -> Chunk:
         def where() -> str:  # words only for an error: describing an origin costs more than the check
-            return f"the output of stage {self.name!r} on {item.origin.describe() if item.origin else 'a chunk'}"
+            return f"the output of stage {self.name!r} on {origin_words(item)}"
 
         schema = self._schema
         if schema is None:
@@ -416,7 +421,7 @@ class MapStage(PooledStage):
         label = f"{epoch.label}-{self.name}"
 
         def lost(item: Item, exc: BaseException) -> BaseException:
-            where = item.origin.describe() if item.origin else "a chunk"
+            where = origin_words(item)
             return WorkerLostError(
                 f"stage {self.name!r}: a process worker died {self.max_attempts} times on {where} ({exc})"
             )
@@ -449,7 +454,7 @@ class MapStage(PooledStage):
             stats.skipped += 1
             return []
         assert self.timeout_s is not None
-        raise StageTimeoutError(self.name, item.origin.describe() if item.origin else "a chunk", self.timeout_s)
+        raise StageTimeoutError(self.name, origin_words(item), self.timeout_s)
 
     def _watch(self, epoch: EpochContext) -> None:
         """Thread mode: fail the epoch with ``StageTimeoutError`` once a chunk has been in a worker's
@@ -460,8 +465,7 @@ class MapStage(PooledStage):
         while not epoch.stop.wait(period):
             since, item = self.stats.oldest_work()
             if since and time.perf_counter() - since > self.timeout_s:
-                origin = item.origin.describe() if item is not None and item.origin else "a chunk"
-                epoch.fail(StageTimeoutError(self.name, origin, self.timeout_s))
+                epoch.fail(StageTimeoutError(self.name, origin_words(item), self.timeout_s))
                 return
 
     def window(self) -> int:
