@@ -332,6 +332,8 @@ class Pipeline:
             if self._epoch is not None:
                 self._end_epoch(self._epoch, reason="superseded")
             epoch = Epoch(self._epochs, self.label, self.deterministic)
+            # counted before any stage starts: a fast stage may skip chunks before the iterator exists
+            epoch.skipped_at_start = self._skipped_counts()
             self._epochs += 1
             self._epoch = self._running.epoch = epoch
             channel: Channel | None = None

@@ -38,6 +38,7 @@ class Epoch:
         self.pools: list[PoolRun] = []
         self.error: BaseException | None = None
         self.stop_reason = ""  # why the epoch was stopped: "failed", "closed", "superseded", "ended"
+        self.skipped_at_start: dict[str, int] = {}  # each stage's skip count before the epoch started
         self._threads: list[threading.Thread] = []
         self._channels: list[Channel] = []
         self._lock = threading.Lock()
@@ -119,7 +120,6 @@ class EpochIterator:
         self._closed_error: PipelineClosedError | None = None
         self._rows = 0
         self._skipped = skipped
-        self._skipped_at_start = dict(skipped())
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -187,7 +187,7 @@ class EpochIterator:
         if self._rows:
             return
         now = self._skipped()
-        skipped = {s: n - self._skipped_at_start.get(s, 0) for s, n in now.items()}
+        skipped = {s: n - self._epoch.skipped_at_start.get(s, 0) for s, n in now.items()}
         skipped = {s: n for s, n in skipped.items() if n > 0}
         if skipped:
             counts = ", ".join(f"stage {s!r} skipped {n}" for s, n in skipped.items())
