@@ -13,3 +13,12 @@ def dict_knobs(spec):
         for name, (unit, lo, hi, _) in spec.items()
     }
     return knobs, store
+
+
+def kind_of(stage: str) -> str:
+    """The stage kind a test pipeline's stage name stands for: ``shuffle``/``prefetch``/``batch``/``read``
+    by prefix, else ``map`` (what ``StageObservation.kind`` carries from the engine or the simulator)."""
+    for kind in ("shuffle", "prefetch", "batch", "read"):
+        if stage.startswith(kind):
+            return kind
+    return "map"

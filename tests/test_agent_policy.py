@@ -16,6 +16,7 @@ from intune.agent.features import N_FEATURES
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, load_weights
 from intune.policies import even_split, make
 from intune.sim import Simulator, load_workload, run_episode
+from _knobs import kind_of
 
 
 def test_shipped_weights_load_with_weights_only_and_are_small():
@@ -161,7 +162,7 @@ def _live_like(values, used_mb, limit_mb):
     knobs = {n: Knob(n, "cpu" if n.endswith(".workers") else "mb", 1, 8192, get=lambda n=n: values[n],
                      set=lambda v, n=n: values.__setitem__(n, v)) for n in values}
     stages = tuple(StageObservation(s, values.get(f"{s}.workers", 0), values.get(f"{s}.buffer_mb", 0), 10.0, 2560.0,
-                                    0.01, 0.02, 2 * (1 << 20), 0.5, 0.2, 0.1, 0.3, 0.0)
+                                    0.01, 0.02, 2 * (1 << 20), 0.5, 0.2, 0.1, 0.3, 0.0, kind=kind_of(s))
                    for s in ("read", "udf", "shuffle", "prefetch"))
     obs = Observation(0, 1.0, 2560.0, 0.0, 2.0, used_mb * (1 << 20), limit_mb * (1 << 20), stages)
     return knobs, obs

@@ -8,6 +8,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import KNOB_FEATURES
 from intune.agent.policy import IntunePolicy
 from intune.observation import Observation, StageObservation
+from _knobs import kind_of
 
 MB = 1 << 20
 HOLD, DOWN5, UP1 = 2, 0, 3  # indices of 0, -5 and +1 in the deltas (-5, -1, 0, +1, +5)
@@ -29,7 +30,7 @@ class Fixed(torch.nn.Module):
 
 
 def _stage(name, workers, buffer_mb, busy, starved):
-    return StageObservation(name, workers, buffer_mb, 10.0, 2560.0, 0.01, 0.02, 1 * MB, busy, starved, 0.0, 0.5, 0.0)
+    return StageObservation(name, workers, buffer_mb, 10.0, 2560.0, 0.01, 0.02, 1 * MB, busy, starved, 0.0, 0.5, 0.0, kind=kind_of(name))
 
 
 def _obs(store, tick, throughput, memory_used=300 * MB, limit=8192 * MB):
@@ -84,10 +85,10 @@ def test_a_probe_that_measures_worse_is_stepped_back_and_not_tried_again():
 def _saturated(store, tick, throughput):
     """2 CPUs, nothing free: 2 light readers (0.05 CPU each) and 2 busy CPU-bound UDF workers."""
     stages = (
-        StageObservation("read", store["read.workers"], 0, 10.0, 2560.0, 0.01, 0.2, MB, 1.0, 0.0, 0.0, 0.5, 0.0),
-        StageObservation("udf", store["udf.workers"], 0, 10.0, 2560.0, 0.19, 0.2, MB, 0.9, 0.1, 0.0, 0.5, 0.0),
-        StageObservation("shuffle", 0, store["shuffle.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, MB, 0.1, 0.9, 0.0, 0.5, 0.0),
-        StageObservation("prefetch", 0, store["prefetch.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, MB, 0.0, 1.0, 0.0, 0.5, 0.0),
+        StageObservation("read", store["read.workers"], 0, 10.0, 2560.0, 0.01, 0.2, MB, 1.0, 0.0, 0.0, 0.5, 0.0, kind="read"),
+        StageObservation("udf", store["udf.workers"], 0, 10.0, 2560.0, 0.19, 0.2, MB, 0.9, 0.1, 0.0, 0.5, 0.0, kind="map"),
+        StageObservation("shuffle", 0, store["shuffle.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, MB, 0.1, 0.9, 0.0, 0.5, 0.0, kind="shuffle"),
+        StageObservation("prefetch", 0, store["prefetch.buffer_mb"], 10.0, 2560.0, 0.0, 0.0, MB, 0.0, 1.0, 0.0, 0.5, 0.0, kind="prefetch"),
     )
     slack = round(sum(max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s) for s in stages if s.workers))
     return Observation(tick, 1.0, throughput, 0.0, 2.0, 300 * MB, 8192 * MB, stages, cpu_slack=slack, grants_light_workers=True)
@@ -187,7 +188,7 @@ def test_idle_cpus_stay_idle_when_no_stage_is_busy():
 
     def obs(tick):  # every stage mostly waits: the consumer is the limit, more workers would not help
         stages = tuple(
-            StageObservation(s.name, s.workers, s.buffer_mb, 10.0, 2560.0, 0.01, 0.02, MB, 0.3, 0.0, 0.7, 1.0, 0.0)
+            StageObservation(s.name, s.workers, s.buffer_mb, 10.0, 2560.0, 0.01, 0.02, MB, 0.3, 0.0, 0.7, 1.0, 0.0, kind=kind_of(s.name))
             for s in _obs(store, tick, 1.0).stages
         )
         return Observation(tick, 1.0, 10_000.0, 0.0, 16.0, 300 * MB, 8192 * MB, stages)
@@ -220,7 +221,7 @@ def test_idle_cpus_are_filled_one_by_one_without_the_plus_five_action():
 def _busy_obs(store, tick, throughput, busy, cpus):
     """read and udf stages with the given busy shares (the rest of the tick starved)."""
     stages = tuple(
-        StageObservation(name, store[f"{name}.workers"], 0, 10.0, 2560.0, 0.01, 0.02, MB, b, 1.0 - b, 0.0, 0.5, 0.0)
+        StageObservation(name, store[f"{name}.workers"], 0, 10.0, 2560.0, 0.01, 0.02, MB, b, 1.0 - b, 0.0, 0.5, 0.0, kind=kind_of(name))
         for name, b in busy(store).items()
     ) + (
         _stage("shuffle", 0, store["shuffle.buffer_mb"], 0.1, 0.9),

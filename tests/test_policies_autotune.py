@@ -6,6 +6,7 @@ from _knobs import dict_knobs
 from intune.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
 from intune.policies.autotune import LegacyPrefetchAutotuner, RamBudget, share_pool
+from _knobs import kind_of
 
 MB = 1 << 20
 
@@ -16,7 +17,8 @@ _knobs = dict_knobs
 def _stage(name, wall, items=100.0, cpu=None, size=1 * MB, fill=0.0, rows_per_item=1000):
     return StageObservation(name=name, workers=1, buffer_mb=0, items_per_s=items, rows_per_s=items * rows_per_item,
                             cpu_s_per_item=wall if cpu is None else cpu, wall_s_per_item=wall, bytes_per_item=size,
-                            busy=1.0, starved=0.0, blocked=0.0, queue_fill=fill, buffered_bytes=0.0)
+                            busy=1.0, starved=0.0, blocked=0.0, queue_fill=fill, buffered_bytes=0.0,
+                            kind=kind_of(name))
 
 
 def _obs(tick, stages, cpus=8.0, host_free=1e12, oom=False, used=1e9, limit=1e12, throughput=None):

@@ -20,6 +20,7 @@ from intune.policies.plumber import (
 )
 from intune.sim import Simulator, constant_schedule, run_episode
 from intune.sim.spec import spec_from_dict
+from _knobs import kind_of
 
 MB = 1 << 20
 
@@ -38,6 +39,7 @@ def _stage(name, cpu, items=100.0, wall=None, workers=1, busy=1.0, size=1 * MB, 
         wall_s_per_item=cpu if wall is None else wall,
         bytes_per_item=size,
         busy=busy,
+        kind=kind_of(name),
         starved=0.0,
         blocked=0.0,
         queue_fill=0.0,

@@ -1,15 +1,15 @@
 """The static baselines: none (one worker, minimal buffers) and heuristic (even split, re-split on resize)."""
 
 from _knobs import dict_knobs
-from intune.observation import Observation
+from intune.observation import Observation, StageObservation
 from intune.policies import make
 
 _knobs = dict_knobs
 
 
-def _obs(cpus, tick=0):
+def _obs(cpus, tick=0, stages=()):
     return Observation(tick=tick, dt_s=1.0, throughput=1.0, step_time_s=0.0, cpus=cpus,
-                       memory_used_bytes=1e9, memory_limit_bytes=8e9, stages=())
+                       memory_used_bytes=1e9, memory_limit_bytes=8e9, stages=tuple(stages))
 
 
 SPEC = {
@@ -23,8 +23,9 @@ SPEC = {
 def test_none_leaves_the_shuffle_window_as_configured():
     knobs, store = _knobs({"read.workers": ("cpu", 1, 8, 3), "shuffle.buffer_mb": ("mb", 1, 4096, 256)})
     p = make("none")
-    p.reset(knobs, _obs(4))
-    assert p.step(_obs(4)) == {"read.workers": 1}
+    stages = [StageObservation(n, 1, 0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0, kind=n) for n in ("read", "shuffle")]
+    p.reset(knobs, _obs(4, stages=stages))
+    assert p.step(_obs(4, stages=stages)) == {"read.workers": 1}
 
 
 def test_none_sets_one_worker_and_minimal_buffers_and_then_stays_quiet():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.observation import STAGE_KINDS, Observation, StageObservation
 from intune.pipeline.metrics import PipelineMetrics, StageMetrics
 
 
@@ -71,6 +71,7 @@ def observe_stage(
         queue_fill=min(1.0, max(0.0, cur.queue_fill)),
         buffered_bytes=float(cur.buffered_bytes),
         stalled=bool(cur.stalled),
+        kind=cur.kind if cur.kind in STAGE_KINDS else "stage",
     )
 
 

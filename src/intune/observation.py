@@ -14,6 +14,10 @@ OOM_PENALTY = -10.0
 MEMORY_SAFE_FRACTION = 0.85
 """Memory use (fraction of the limit) where the reward's memory factor starts to fall."""
 
+STAGE_KINDS: tuple[str, ...] = ("read", "shuffle", "map", "batch", "prefetch", "stage")
+"""What a stage does, declared by the stage (engine) or its spec (simulator), so that no policy guesses
+it from a name. ``stage`` is any other kind."""
+
 LIGHT_CPU_SHARE = 0.25
 """A stage whose workers, while busy, get at most this share of the CPU time that the most CPU-hungry
 stage's workers get is light: its workers wait on something other than the CPUs (storage, a slower
@@ -39,6 +43,7 @@ class StageObservation:
     queue_fill: float  # output queue fullness in [0, 1]
     buffered_bytes: float  # bytes held by this stage
     stalled: bool = False  # work in hand without progress past the stall bound: hung, not slow
+    kind: str = "stage"  # what the stage does, as the stage declares it: one of STAGE_KINDS
 
     @property
     def cpu_share(self) -> float | None:
@@ -99,6 +104,10 @@ class Observation:
     @property
     def free_memory_fraction(self) -> float:
         return max(0.0, 1.0 - self.memory_fraction)
+
+    def kinds(self) -> dict[str, str]:
+        """Each stage's kind (``STAGE_KINDS``) by stage name."""
+        return {s.name: s.kind for s in self.stages}
 
     def stage(self, name: str) -> StageObservation:
         for s in self.stages:

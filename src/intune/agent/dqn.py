@@ -23,7 +23,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
 from intune.agent.network import BranchingQNetwork
 from intune.agent.replay import NStepAccumulator, ReplayBuffer
-from intune.agent.safety import SafetyLayer
+from intune.policies.safety import SafetyLayer
 from intune.agent.teacher import teacher_moves, teacher_scores
 from intune.knobs import Knob
 from intune.observation import Observation

@@ -3,7 +3,7 @@
 Starts from the even split (the paper's choice) or from Plumber's estimate (``warm_start="plumber"``),
 then every tick moves each knob by one of the deltas, greedily under the safety mask; a guard holds the
 CPU knobs where the move leads back to a worker vector recently measured clearly worse
-(``intune.agent.memory``: the network can be wrong in a live state it never saw). ``observe``
+(``intune.policies.allocation_memory``: the network can be wrong in a live state it never saw). ``observe``
 (the live tuner calls it each tick with the reward) feeds a small replay buffer and takes a gradient
 step every few ticks, off the decision path. Weights load with ``torch.load(weights_only=True)``. It
 must not touch knobs itself: it returns requests, the runner applies them.
@@ -22,16 +22,15 @@ import torch
 from intune.agent.config import AgentConfig
 from intune.agent.dqn import new_network, td_loss
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
-from intune.agent.memory import AllocationMemory, Workers
+from intune.policies.allocation_memory import AllocationMemory, Workers
 from intune.agent.network import BranchingQNetwork, NumpyQ
 from intune.agent.online_adam import OnlineAdam
 from intune.agent.replay import ReplayBuffer
-from intune.agent.safety import SafetyLayer
+from intune.policies.safety import SafetyLayer
 from intune.knobs import Knob
 from intune.observation import OOM_PENALTY, Observation
 from intune.observation import reward as contract_reward
 from intune.policies.base import even_split
-from intune.policies.static import stage_role
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
@@ -112,7 +111,7 @@ class IntunePolicy:
             drift=self.config.memory_drift,
         )
         self._is_shuffle = np.array(
-            [k.unit == "mb" and stage_role(k.stage) == "shuffle" for k in self.safety.knobs]
+            [k.unit == "mb" and observation.kinds().get(k.stage) == "shuffle" for k in self.safety.knobs]
         )
         # the user's shuffle buffer sets how random the order is: a floor, except when memory forces a cut
         self._floor = np.array([k.value if f else k.min for k, f in zip(self.safety.knobs, self._is_shuffle, strict=True)])

@@ -72,7 +72,7 @@ from intune.policies.autotune_model import (
     with_values,
 )
 from intune.policies.base import MB, cpu_budget
-from intune.policies.static import changes, stage_role
+from intune.policies.static import changes
 
 RAM_BUDGET_SHARE = 0.5  # kRamBudgetShare
 BUFFER_LIMIT_THRESHOLD = 2048  # prefetch_autotuner.cc: doubling below, +2048 at or above
@@ -214,6 +214,7 @@ class AutotunePolicy:
 
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self._knobs = knobs
+        self._kinds = observation.kinds()
         self.launches = 0
         self._launch(observation)
 
@@ -243,10 +244,10 @@ class AutotunePolicy:
     def _is_prefetch(self, stage: str) -> bool:
         if self._prefetch_names is not None:
             return stage in self._prefetch_names
-        return stage_role(stage) == "prefetch"
+        return self._kinds.get(stage) == "prefetch"
 
     def _is_shuffle(self, stage: str) -> bool:
-        return not self._is_prefetch(stage) and stage_role(stage) == "shuffle"
+        return not self._is_prefetch(stage) and self._kinds.get(stage) == "shuffle"
 
     @staticmethod
     def _now(obs: Observation) -> float:

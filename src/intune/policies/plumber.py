@@ -61,7 +61,7 @@ from scipy.optimize import linprog
 from intune.knobs import Knob
 from intune.observation import Observation
 from intune.policies.base import MB, cpu_budget
-from intune.policies.static import changes, stage_role
+from intune.policies.static import changes
 
 MAX_PREFETCH_ELEMENTS = 256
 IO_BOUND_SHARE = 0.5
@@ -189,6 +189,7 @@ class PlumberPolicy:
 
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self._knobs = knobs
+        self._kinds = observation.kinds()
         self._window: deque[Observation] = deque(maxlen=self.profile_ticks)
         self._target: dict[str, int] = {}
         self.plan = None
@@ -197,7 +198,7 @@ class PlumberPolicy:
     def _is_prefetch(self, stage: str) -> bool:
         if self._prefetch_names is not None:
             return stage in self._prefetch_names
-        return stage_role(stage) == "prefetch"
+        return self._kinds.get(stage) == "prefetch"
 
     def step(self, observation: Observation) -> dict[str, int]:
         obs = observation

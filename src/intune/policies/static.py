@@ -5,9 +5,7 @@ over the stages (``even_split``) and divides them again whenever the CPU count c
 their values. A shuffle stage's buffer is the user's shuffle window (it sets how random the order is),
 not a performance buffer, so ``none`` leaves it as configured too.
 
-Also owns two helpers every baseline uses: ``changes`` (ask only for knobs whose value differs) and
-``stage_role`` (prefetch / shuffle / other, from the stage's name: observations carry no stage kinds).
-Neither policy reads anything but the CPU count: they must not look at stage signals.
+Also owns ``changes`` (ask only for knobs whose value differs), which every baseline uses. Neither policy reads anything but the CPU count: they must not look at stage signals.
 """
 
 from __future__ import annotations
@@ -17,14 +15,6 @@ from collections.abc import Mapping
 from intune.knobs import Knob
 from intune.observation import Observation
 from intune.policies.base import cpu_budget, even_split
-
-
-def stage_role(stage: str) -> str:
-    """``"prefetch"``, ``"shuffle"`` or ``"stage"``: by name prefix, as the engine and the simulator name them."""
-    for role in ("prefetch", "shuffle"):
-        if stage.startswith(role):
-            return role
-    return "stage"
 
 
 def changes(knobs: Mapping[str, Knob], target: Mapping[str, int]) -> dict[str, int]:
@@ -46,13 +36,14 @@ class NonePolicy:
 
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self._knobs = knobs
+        self._kinds = observation.kinds()
 
     def target(self) -> dict[str, int]:
         out = {}
         for name, k in self._knobs.items():
             if k.unit == "cpu":
                 out[name] = k.clamp(1)
-            elif stage_role(k.stage) != "shuffle":
+            elif self._kinds.get(k.stage) != "shuffle":
                 out[name] = k.min
         return out
 
@@ -82,4 +73,4 @@ class HeuristicPolicy:
         return changes(self._knobs, self._split)
 
 
-__all__ = ["HeuristicPolicy", "NonePolicy", "changes", "stage_role"]
+__all__ = ["HeuristicPolicy", "NonePolicy", "changes"]

@@ -16,10 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.observation import STAGE_KINDS, Observation, StageObservation
 from intune.sim import model
 from intune.sim.schedule import CpuSchedule, constant_schedule
 from intune.sim.spec import WorkloadSpec, load_workload, workload_variant
+
+def observed_kind(spec_kind: str) -> str:
+    """The Observation's kind (``STAGE_KINDS``) of a spec stage's kind: a ``udf`` is a map stage."""
+    kind = "map" if spec_kind == "udf" else spec_kind
+    return kind if kind in STAGE_KINDS else "stage"
+
 
 _BLOCK = 512  # ticks of drift and noise drawn at once
 _FILL_EVERY = 4  # ticks between recomputations of the queues' steady fill (drift moves it slowly)
@@ -93,6 +99,7 @@ class Simulator:
                     set=lambda v, i=i: self._set_buffer(i, v),
                 )
         self._stage_names = [s.name for s in spec.stages]
+        self._kinds = [observed_kind(s.kind) for s in spec.stages]
         self._demand = self.params.demand
         self._ghz = spec.machine.cpu_ghz
         self._bw = spec.machine.mem_bandwidth_gbs
@@ -291,6 +298,8 @@ class Simulator:
                 (idle * block_w).tolist(),
                 queue_fill.tolist(),
                 self._buffered.tolist(),
+                [False] * n,
+                self._kinds,
             )
         )
         return Observation(
@@ -328,9 +337,9 @@ class Simulator:
     def _idle_observation(self, t: int, cpus: int, mem: float, oom: bool) -> Observation:
         p = self.params
         stages = tuple(
-            StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0)
-            for name, w, b, bpi in zip(
-                self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item, strict=True
+            StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0, kind=kind)
+            for name, w, b, bpi, kind in zip(
+                self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item, self._kinds, strict=True
             )
         )
         return Observation(

@@ -4,9 +4,10 @@ import numpy as np
 
 from intune.agent.config import AgentConfig
 from intune.agent.env import random_sim
-from intune.agent.safety import MB, SafetyLayer
+from intune.policies.safety import MB, SafetyLayer
 from intune.knobs import Knob
 from intune.observation import Observation, StageObservation
+from _knobs import kind_of
 
 DELTAS = (-5, -1, 0, 1, 5)
 GB = 1 << 30
@@ -26,7 +27,7 @@ def _obs(values: dict[str, int], cpus: float, used_gb: float, limit_gb: float, b
     for stage in sorted({n.split(".")[0] for n in values}):
         stages.append(StageObservation(stage, values.get(f"{stage}.workers", 0), values.get(f"{stage}.buffer_mb", 0),
                                        10.0, 1e4, 0.01, 0.01, bytes_per_item, 0.5, 0.2, 0.3, 0.5,
-                                       (buffered or {}).get(stage, 0.0)))
+                                       (buffered or {}).get(stage, 0.0), kind=kind_of(stage)))
     return Observation(1, 1.0, 1e4, 0.0, cpus, used_gb * GB, limit_gb * GB, tuple(stages))
 
 

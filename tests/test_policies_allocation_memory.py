@@ -9,7 +9,7 @@ import torch
 from _knobs import dict_knobs
 from intune.agent.config import AgentConfig
 from intune.agent.features import KNOB_FEATURES
-from intune.agent.memory import AllocationMemory
+from intune.policies.allocation_memory import AllocationMemory
 from intune.agent.policy import IntunePolicy
 from intune.observation import Observation, StageObservation
 
