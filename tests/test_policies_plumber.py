@@ -226,11 +226,10 @@ def test_gives_a_simulated_io_bound_reader_the_workers_its_io_needs():
     spec = spec_from_dict(IO_SOURCE)
     sim = Simulator(spec, cpus=constant_schedule(16, 60), seed=0)
     r = run_episode(sim, make("plumber"), 60)
-    # 20 us per row per worker for read and udf, 0.5 for prefetch (1 worker): 15 workers for 40 us -> 7.5
-    # each, rounded to 8 / 7 or 7 / 8 (a tie that the measurement noise breaks): 7 workers / 20 us =
-    # 350k rows/s, the oracle's optimum. CPU time alone (1 us per row) gave read 1 worker: 50k rows/s.
+    # 20 us per row per worker for read and udf, 0.5 for prefetch (1 worker): on the 16 CPUs alone, 15
+    # workers for 40 us -> 7.5 each: 7 workers / 20 us = 350k rows/s. The reader's workers wait on I/O
+    # 95% of the time, so the runner grants the CPU they leave unused (cpu_slack) as more workers: it
+    # plans on more than 16. CPU time alone (1 us per row) gave read 1 worker: 50k rows/s.
     read, udf = r.knobs["read.workers"][-1], r.knobs["udf.workers"][-1]
-    assert {read, udf} == {7, 8} and r.knobs["prefetch.workers"][-1] == 1
-    _, best = sim.optimum(16)
-    assert best == pytest.approx(350_000, rel=1e-3)
-    assert r.model_throughput[-1] == pytest.approx(best, rel=1e-6)
+    assert min(read, udf) >= 7 and read + udf >= 15 and r.knobs["prefetch.workers"][-1] == 1
+    assert r.model_throughput[-1] >= 350_000 * (1 - 1e-6)

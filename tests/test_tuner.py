@@ -462,7 +462,7 @@ def test_closing_the_real_pipeline_stops_the_tuner():
 
 def test_the_cpu_budget_keeps_its_recent_highest_so_a_removed_worker_can_come_back():
     from intune.observation import Observation
-    from intune.tuner import RecentCpuBudget
+    from intune.policies.runner import RecentCpuBudget
 
     def obs(cpus, slack):
         return Observation(0, 1.0, 1.0, 0.0, cpus, 0.0, 0.0, (), cpu_slack=slack)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from intune.knobs import Knob
-from intune.observation import STAGE_KINDS, Observation, StageObservation
+from intune.observation import STAGE_KINDS, cpu_slack, Observation, StageObservation
 from intune.pipeline.metrics import PipelineMetrics, StageMetrics
 
 
@@ -75,24 +75,6 @@ def observe_stage(
     )
 
 
-def cpu_slack(stages: tuple[StageObservation, ...]) -> float:
-    """Whole workers' worth of CPU that the stages' workers leave unused, as measured over the tick.
-
-    A worker is counted as a CPU by the runner's budget, but a reader waiting on storage or blocked
-    by a slower stage uses a fraction of one: on 2 CPUs such a reader would otherwise keep a CPU-bound
-    UDF at one worker. With the slack, ``Observation.free_cpus`` is the CPUs minus the CPU the
-    workers measurably use, so it falls to 0 by itself when the machine is saturated (oversubscribed
-    workers share the CPUs and each uses less than one). Only stages that emitted items give evidence
-    (a stage still warming up counts in full); the sum is rounded to whole workers.
-    """
-    unused = sum(
-        max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s)
-        for s in stages
-        if s.workers > 0 and s.items_per_s > 0
-    )
-    return float(round(unused))
-
-
 def observe(
     prev: PipelineMetrics,
     cur: PipelineMetrics,
@@ -135,8 +117,7 @@ def observe(
         stages=stages,
         host_memory_free_bytes=float(host_free),
         cpu_slack=cpu_slack(stages),
-        grants_light_workers=True,  # the live tuner's clamp grants a light stage one worker past the CPUs
     )
 
 
-__all__ = ["cpu_slack", "observe", "observe_stage"]
+__all__ = ["observe", "observe_stage"]

@@ -70,8 +70,8 @@ class Observation:
     oom: bool = False  # the job was killed for memory during this tick
     demand: float = 0.0  # rows/s the consumer could take (0 = unknown/unbounded)
     host_memory_free_bytes: float = 0.0  # free memory of the host, blind to cgroups (what tf.data reads)
-    cpu_slack: float = 0.0  # workers' worth of CPU that light stages leave unused (measured live; 0 in the sim)
-    grants_light_workers: bool = False  # the runner adds a light stage's worker past the CPUs (live: yes; sim: no)
+    cpu_slack: float = 0.0  # workers' worth of CPU the workers leave unused (``cpu_slack``; the runner keeps the recent highest)
+    grants_light_workers: bool = False  # the runner adds a light stage's worker past the CPUs (set by ``intune.policies.runner``)
 
     @property
     def allocated_cpus(self) -> int:
@@ -114,6 +114,25 @@ class Observation:
             if s.name == name:
                 return s
         raise KeyError(f"no stage {name!r}; stages are {[s.name for s in self.stages]}")
+
+
+def cpu_slack(stages: tuple[StageObservation, ...]) -> float:
+    """Whole workers' worth of CPU that the stages' workers leave unused, as measured over the tick
+    (live by the engine's counters, in the simulator by its model).
+
+    A worker is counted as a CPU by the runner's budget, but a reader waiting on storage or blocked
+    by a slower stage uses a fraction of one: on 2 CPUs such a reader would otherwise keep a CPU-bound
+    UDF at one worker. With the slack, ``Observation.free_cpus`` is the CPUs minus the CPU the
+    workers measurably use, so it falls to 0 by itself when the machine is saturated (oversubscribed
+    workers share the CPUs and each uses less than one). Only stages that emitted items give evidence
+    (a stage still warming up counts in full); the sum is rounded to whole workers.
+    """
+    unused = sum(
+        max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s)
+        for s in stages
+        if s.workers > 0 and s.items_per_s > 0
+    )
+    return float(round(unused))
 
 
 def memory_factor(memory_fraction: float, safe: float = MEMORY_SAFE_FRACTION) -> float:

@@ -1,8 +1,9 @@
 """The live tuner: runs a policy on a running pipeline, one decision per tick, on a background thread.
 
 Owns the online loop of DESIGN section 1: every tick it snapshots the engine's metrics and the
-machine, builds the Observation, lets the policy decide, clamps the request to the knobs' bounds and
-to the free CPUs and memory, applies it, and records the tick. It also feeds rewards to policies that
+machine, builds the Observation, lets the policy decide, has the ``Runner`` clamp the request to the
+knobs' bounds and to the free CPUs and memory and apply it (the same runner the simulator uses), and
+records the tick. It also feeds rewards to policies that
 learn online (an ``observe(observation, reward)`` method). It must never raise into the consumer: a
 failing policy or monitor leaves the pipeline at its last allocation and is logged once. It must not
 hold any policy's algorithm or read cgroup files itself (the monitor does).
@@ -14,46 +15,20 @@ import json
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from intune.knobs import Knob
 from intune.live_observation import observe
-from intune.monitor import MachineSample, Monitor
+from intune.monitor import Monitor
 from intune.observation import Observation, reward
-from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, Policy, clamp_request, make
+from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, Policy, make
+from intune.policies.runner import Runner
 
 log = logging.getLogger(__name__)
 
 
-
-CPU_BUDGET_TICKS = 20
-"""Ticks over which the live CPU budget (CPUs + measured slack) keeps its highest value."""
-
-
-class RecentCpuBudget:
-    """Keeps the live CPU budget at its highest over the last ``CPU_BUDGET_TICKS`` ticks at one CPU count.
-
-    On a saturated machine the measured budget equals the workers in place (they use every CPU), so
-    right after a worker is removed the budget falls with it and the worker could never come back, even
-    where it had just been measured better. Granting what was recently granted lets a policy undo a
-    step; a CPU change starts afresh.
-    """
-
-    def __init__(self, ticks: int = CPU_BUDGET_TICKS) -> None:
-        self._cpus: float | None = None
-        self._budgets: deque[float] = deque(maxlen=ticks)
-
-    def apply(self, obs: Observation) -> Observation:
-        """``obs`` with ``cpu_slack`` raised so that CPUs + slack is the recent highest budget."""
-        if obs.cpus != self._cpus:
-            self._cpus = obs.cpus
-            self._budgets.clear()
-        self._budgets.append(obs.cpus + obs.cpu_slack)
-        return replace(obs, cpu_slack=max(self._budgets) - obs.cpus)
 
 class Tuner:
     """A pipeline under a policy. Iterate it for the pipeline's batches; close it (or use ``with``) to stop.
@@ -227,7 +202,7 @@ class Tuner:
     def _loop(self, cpu0: float) -> None:
         prev = None
         tick = 0
-        budget = RecentCpuBudget()
+        runner = Runner(self.knobs)
         reset_done = False
         while True:
             if prev is None:
@@ -254,7 +229,7 @@ class Tuner:
                     machine.memory_limit_bytes,
                     machine.host_free_bytes,
                 )
-                obs = budget.apply(obs)
+                obs = runner.observe(obs)
             except Exception as exc:  # noqa: BLE001
                 if self._pipeline_closed():
                     return
@@ -263,7 +238,7 @@ class Tuner:
                 continue
             prev = cur
             try:
-                row = self._tick(obs, machine, first=not reset_done)
+                row = self._tick(runner, obs, first=not reset_done)
             except Exception as exc:  # noqa: BLE001 - e.g. a knob that cannot be read while recording
                 self._fail("tuner", exc)
                 continue
@@ -273,7 +248,7 @@ class Tuner:
                 self._thread_cpu_s = time.thread_time() - cpu0
             tick += 1
 
-    def _tick(self, obs: Observation, machine: MachineSample, first: bool) -> dict[str, Any]:
+    def _tick(self, runner: Runner, obs: Observation, first: bool) -> dict[str, Any]:
         """One decision: reward and learning, then policy, clamp and apply. Returns the history row."""
         if self.reward_scale is None and obs.throughput > 0:
             self.reward_scale = obs.throughput
@@ -299,14 +274,7 @@ class Tuner:
                 reset_ok = True
             t0, c0 = time.perf_counter(), time.thread_time()
             requested = {k: int(v) for k, v in (self.policy.step(obs) or {}).items()}
-            clamped = clamp_request(
-                self.knobs,
-                requested,
-                machine.cpus + obs.cpu_slack,
-                machine.memory_free_bytes,
-                light=[f"{stage}.workers" for stage in obs.light_stages()],
-                hold=[f"{s.name}.workers" for s in obs.stages if s.stalled],
-            )
+            clamped = runner.clamp(obs, requested)
             decision_ms = (time.perf_counter() - t0) * 1e3
             decision_cpu_ms = (time.thread_time() - c0) * 1e3
             with self._lock:
@@ -317,15 +285,13 @@ class Tuner:
             error = f"policy: {type(exc).__name__}: {exc}"
             clamped = None
         if clamped is not None:
-            # decreases first, so a CPU moved between stages never oversubscribes on the way
-            order = sorted(clamped.applied.items(), key=lambda kv: kv[1] - self.knobs[kv[0]].value)
-            for name, value in order:
-                try:
-                    self.knobs[name].set(value)
-                    applied[name] = value
-                except Exception as exc:  # noqa: BLE001
-                    self._fail("apply", exc)
-                    error = f"apply {name}={value}: {type(exc).__name__}: {exc}"
+
+            def failed(name: str, value: int, exc: Exception) -> None:
+                nonlocal error
+                self._fail("apply", exc)
+                error = f"apply {name}={value}: {type(exc).__name__}: {exc}"
+
+            applied = runner.set(clamped, on_error=failed).applied
         return {
             "tick": obs.tick,
             "time": time.time(),

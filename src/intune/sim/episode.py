@@ -1,7 +1,7 @@
 """Run one policy on one simulator for a number of ticks, exactly as the live runner would.
 
-Owns ``run_episode`` (reset, then per tick: the policy's request, ``intune.policies.clamp_request``
-against the observed CPUs and free memory, apply, step) and ``EpisodeResult`` (per-tick arrays and a
+Owns ``run_episode`` (reset, then per tick: the Observation completed by the one ``Runner``, the
+policy's request, the runner's clamp and apply, step) and ``EpisodeResult`` (per-tick arrays and a
 summary, including the convergence metric of the benchmark). It must not change what a policy asks for
 beyond the shared clamp, and must not know any policy's internals (a policy that needs the simulator,
 like the oracle, exposes ``bind_simulator``).
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from intune.observation import Observation
-from intune.policies.base import Policy, clamp_request
+from intune.policies.base import Policy
+from intune.policies.runner import Runner
 
 
 @dataclass
@@ -67,15 +68,16 @@ def run_episode(
 ) -> EpisodeResult:
     """Reset ``sim`` (with ``seed`` if given), run ``policy`` for ``ticks`` (default: the schedule's length).
 
-    Per tick: ``request = policy.step(obs)``; the runner clamps it with ``clamp_request`` to the knob
-    bounds, ``obs.cpus`` and the free memory ``limit - used``; applies it; ``obs = sim.step()``.
+    Per tick: ``obs = runner.observe(obs)``; ``request = policy.step(obs)``; the ``Runner`` clamps it (knob
+    bounds, the CPU budget, the free memory) and applies it, as the live tuner does; ``obs = sim.step()``.
     ``reward_fn(obs)`` (e.g. ``lambda o: reward(o, scale)``) fills ``rewards``; ``on_tick(obs, applied)``
     sees every tick (for pretraining buffers or logs).
     """
     if hasattr(policy, "bind_simulator"):
         policy.bind_simulator(sim)
     n = int(ticks if ticks is not None else sim.schedule.length_ticks)
-    obs = sim.reset(seed)
+    runner = Runner(sim.knobs)
+    obs = runner.observe(sim.reset(seed))
     policy.reset(sim.knobs, obs)
     names = list(sim.knobs)
     knobs = sim.knobs
@@ -88,12 +90,10 @@ def run_episode(
         request = policy.step(obs)
         applied: dict[str, int] = {}
         if request:
-            result = clamp_request(knobs, request, obs.cpus, obs.memory_limit_bytes - obs.memory_used_bytes)
+            result = runner.apply(obs, request)
             applied = result.applied
             clipped += bool(result.clipped)
-            for name, value in applied.items():
-                knobs[name].set(value)
-        obs = sim.step()
+        obs = runner.observe(sim.step())
         out["throughput"][k] = obs.throughput
         out["model"][k] = sim.last_model_throughput
         out["cpus"][k] = obs.cpus

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import STAGE_KINDS, Observation, StageObservation
+from intune.observation import STAGE_KINDS, Observation, StageObservation, cpu_slack
 from intune.sim import model
 from intune.sim.schedule import CpuSchedule, constant_schedule
 from intune.sim.spec import WorkloadSpec, load_workload, workload_variant
@@ -316,6 +316,7 @@ class Simulator:
             oom=False,
             demand=self._demand,
             host_memory_free_bytes=p.host_bytes - mem,
+            cpu_slack=cpu_slack(stages),
         )
 
     def _oom(self, t: int, cpus: int, mem: float) -> Observation:
