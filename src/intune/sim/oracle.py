@@ -1,4 +1,4 @@
-"""The oracle: the best allocation on the simulator's true model, by a provably exact search per memory budget.
+"""The oracle: the best allocation on the simulator's true model, by a provably exact search.
 
 Owns ``optimal_allocation`` (a pure function of the model: most rows/s under a memory budget),
 ``reward_optimal_allocation`` (the oracle's objective: most rows/s times the reward's memory factor, which
@@ -7,32 +7,53 @@ differs only where memory binds), ``search_optimum`` (that for a ``Simulator`` a
 
 The problem. Choose integer workers ``w_i`` in ``[wmin_i, wmax_i]`` and buffer MB ``b_i`` in
 ``[bmin_i, bmax_i]`` (stages with a buffer knob) to maximise
-``T(w, b) = min(min_i r_i(w_i, b_i), B(W), D)`` where ``r_i = cap_i(w_i) * f_i(b_i)`` is stage i's rate,
-``B = eta * C / sum c_i`` the CPU bound and ``D`` the consumer's demand, subject to
-``W = sum w_i <= max(C, sum wmin_i)`` (what the runner's clamp grants) and worst-case memory
-``M(w, b) = M0 + sum_i m_i(w_i, b_i) <= budget`` (buffers full).
+``T(w, b) = min(min_i r_i(w_i, b_i), B(Wc), D)`` where ``r_i = cap_i(w_i) * f_i(b_i)`` is stage i's rate
+(drift multipliers ``mult_i`` in its CPU cost), ``B(Wc) = eta(Wc) * C / sum_i c_i mult_i`` the CPU bound,
+``eta(Wc) = 1 / (1 + k * max(0, Wc / C - 1))``, ``Wc = sum_i a_i w_i`` the compute-wanting workers
+(``a_i = c_i / (c_i + o_i)``, drift-free) and ``D`` the consumer's demand, subject only to worst-case
+memory ``M(w, b) = M0 + sum_i m_i(w_i, b_i) <= budget`` (buffers full). There is no cap on the total
+``sum_i w_i``: over-subscribed allocations are candidates (the runner grants the CPU that waiting workers
+leave unused, and a policy may keep its workers through a CPU shrink), so no allocation within the knob
+bounds and the budget does better than the optimum returned.
 
 The search. For a target rate ``tau``, call ``tau`` feasible if some allocation in the constraints has
 ``T >= tau``. (1) Feasibility is monotone: if ``tau`` is feasible, so is every ``tau' < tau`` (same
-witness). So the optimum ``T* = max{tau feasible}`` is found by bisection on ``tau``. (2) Feasibility is
-decided exactly: for each stage and each worker count ``w``, ``f_i`` is increasing in ``b`` and ``m_i`` is
-increasing in ``b``, so the least ``b`` with ``cap_i(w) * f_i(b) >= tau`` (closed form:
-``f_i(b) = 1 - v_i / (1 + n_i(b))``, so ``n_i >= v_i / (1 - tau / cap_i(w)) - 1``) dominates every other
-choice for that ``w``: any witness can swap its ``b_i`` for it and stay a witness. That leaves one option
-per ``(stage, w)``, and a dynamic programme over stages computes, for every exact total ``W``, the least
-memory of a choice with every stage rate ``>= tau`` (a min-plus convolution, exhaustive over ``w``).
-``B`` is the same for every allocation within the cap (if ``sum wmin <= C`` then ``W <= C``, so the
-compute-wanting workers are at most ``C`` and ``eta = 1``; otherwise the cap forces every ``w_i = wmin_i``).
-``tau`` is feasible iff some ``W <= cap`` has that least memory within the budget and ``B >= tau``
-(and ``tau <= D``). Hence the bisection's lower end always holds a witness with ``T >= lo`` and its upper
-end is infeasible, so the returned allocation is optimal to the bisection's tolerance (relative 1e-10);
-the tests check it against exhaustive search on small cases.
+witness). So the optimum ``T* = max{tau feasible}`` is found by bisection on ``tau``. (2) The CPU bound
+is a constraint on ``Wc``: ``eta`` does not increase with ``Wc``, so ``B(Wc) >= tau`` iff
+``tau <= C / sum c mult`` and ``Wc <= Wc_max(tau) = C * (1 + (C / (tau * sum c mult) - 1) / k)``
+(any ``Wc`` where ``k = 0``). Hence ``tau <= D`` is feasible iff the least memory of an allocation with
+every ``r_i >= tau`` and ``sum_i a_i w_i <= Wc_max(tau)`` is within the budget: a choice per stage of
+options with two additive costs, compute weight ``a_i w_i`` and memory ``m_i``. (3) It is decided
+exactly. For a stage and a worker count ``w``, ``f_i`` and ``m_i`` increase with ``b`` and the weight
+does not depend on it, so the least ``b`` with ``cap_i(w) * f_i(b) >= tau`` (closed form:
+``f_i(b) = 1 - v_i / (1 + n_i(b))``, so ``n_i >= v_i / (1 - tau / cap_i(w)) - 1``) dominates every
+other ``b`` for that ``w``. A stage without a buffer knob takes its least qualifying ``w``: it has both
+the least weight and the least memory of its qualifying options. For the stages with one, an option
+dominated in both costs by another of the same stage can be swapped out of any witness, and so can a
+partial sum over the first stages dominated by another partial sum: so the Pareto front of
+(weight, memory) is kept, merged stage by stage (every pair of front points summed, dominated sums
+dropped, sums that cannot fit beside the other stages' least costs pruned), and the last stage's options
+are matched, each, with the least-memory front point that its weight leaves room for. That least memory
+is the exact minimum over all choices. Hence the bisection's lower end always holds a witness with
+``T >= lo`` and its upper end is infeasible, so the returned allocation is optimal to the bisection's
+tolerance (relative 1e-10); the tests check it against exhaustive search on small cases.
+
+The reward's optimum (``reward_optimal_allocation``) maximises ``T(a) * phi(M(a) / L)`` with ``phi`` the
+memory factor (1 up to ``MEMORY_SAFE_FRACTION`` of the limit ``L``, falling to 0 at ``L``). With
+``M(tau)`` the least memory of an allocation with ``T >= tau`` (the feasibility test's witness under the
+budget ``L``), the optimum is ``max_tau tau * phi(M(tau) / L)``: ``<=`` taking ``tau = T(a)``, ``>=``
+since the witness reaches ``T >= tau`` with memory ``M(tau)``. ``M`` does not decrease with ``tau``, so
+on ``[t1, t2]`` that is at most ``t2 * phi(M(t1) / L)``: a branch and bound on ``tau`` between the
+optimum under the safe budget and the one under ``L`` splits the interval with the highest bound until
+no bound exceeds the best witness's reward by more than relative ``1e-7`` (a probe's witness also settles
+the targets up to its own rows/s: it reaches them with the least memory of the probed one).
 
 It must not be used live: it reads the simulator's true model, which no real machine offers.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -44,6 +65,8 @@ from intune.sim import model
 from intune.sim.model import MB, ModelParams
 
 _BISECTIONS = 60
+_REWARD_TOLERANCE = 1e-7  # the reward's branch and bound stops when no interval can beat the best by more
+_REWARD_PROBES = 400  # and never probes more targets than this (a guard; the tests never reach it)
 
 
 @dataclass(frozen=True)
@@ -78,69 +101,155 @@ def _stage_options(
     return b, np.where(ok, w * p.worker_bytes[i] + b * MB, np.inf)
 
 
-def _feasible(
-    p: ModelParams,
-    tau: float,
-    ws: list[np.ndarray],
-    caps: list[np.ndarray],
-    bounds: Bounds,
-    cpu_cap: int,
-    cpu_bound: float,
-    mem_budget: float,
-    fixed_rates: list[np.ndarray | None],
-):
-    """Least-memory allocation with every stage rate >= tau and the CPU bound >= tau, or None.
+def _strictly_below_prefix(m: np.ndarray) -> np.ndarray:
+    """Mask of the entries less than every earlier one (the Pareto front of a weight-sorted list)."""
+    return m < np.concatenate(([np.inf], np.minimum.accumulate(m)[:-1]))
 
-    A stage without a buffer knob takes its least qualifying worker count (more workers only cost
-    CPUs and memory); stages with one trade workers for buffer MB, so the min-plus programme runs over
-    them only.
-    """
-    if tau > cpu_bound:
-        return None
-    w_out, b_out = np.zeros(p.n_stages, dtype=int), np.zeros(p.n_stages, dtype=int)
-    used_w, used_mem = 0, p.base_bytes + float(p.fixed_bytes.sum())
-    tradeoff = []
-    for i in range(p.n_stages):
-        if p.has_buffer[i]:
-            tradeoff.append(i)
-            continue
-        j = int(np.searchsorted(fixed_rates[i], tau, side="left"))  # rates grow with workers
-        if j == len(ws[i]):
+
+class _Search:
+    """The feasibility test of the module docstring, set up once per (model, CPUs, bounds, drift)."""
+
+    def __init__(self, p: ModelParams, cpus: int, bounds: Bounds, cpu_mult: np.ndarray | float = 1.0) -> None:
+        n = p.n_stages
+        self.p, self.bounds, self.cpus = p, bounds, cpus
+        self.mult = np.broadcast_to(np.asarray(cpu_mult, dtype=float), (n,))
+        self.ws = [
+            np.arange(int(bounds.w_min[i]), max(int(bounds.w_min[i]), int(bounds.w_max[i])) + 1)
+            for i in range(n)
+        ]
+        self.caps = [model.stage_capacity(_one(p, i), self.ws[i], self.mult[i]) for i in range(n)]
+        c = p.cpu_s_per_row
+        self.weight = c / np.maximum(c + p.io_s_per_row, 1e-300)  # a_i, as model.compute_workers
+        per_row = float(np.sum(c * self.mult))
+        self.cpu_max = float(cpus) / per_row if per_row > 0 else float("inf")  # the CPU bound at eta = 1
+        self.cost = float(p.oversubscription_cost)
+        self.base_mem = p.base_bytes + float(p.fixed_bytes.sum())
+        # rate by worker count of the stages without a buffer knob (their queue is fixed),
+        # made non-decreasing (searched by bisection)
+        self.fixed_rates = [
+            np.maximum.accumulate(self.caps[i] * model.buffer_factor(_one(p, i), np.zeros(1))[0])
+            for i in range(n)
+        ]
+        self.tradeoff = [i for i in range(n) if p.has_buffer[i]]
+        b_best = np.where(p.has_buffer, bounds.b_max, 0)
+        top = min(
+            float(self.caps[i].max() * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0])
+            for i in range(n)
+        )
+        self.upper = min(top, self.cpu_max, p.demand if p.demand > 0 else np.inf)  # no allocation exceeds it
+
+    def throughput(self, w: np.ndarray, b: np.ndarray) -> float:
+        return model.throughput(self.p, w, b, self.cpus, self.mult)
+
+    def max_compute_workers(self, tau: float) -> float:
+        """``Wc_max(tau)``: the most compute-wanting workers with ``eta(Wc) * C / sum c >= tau`` (-1: none)."""
+        if tau > self.cpu_max:
+            return -1.0
+        if tau <= 0.0 or self.cost <= 0.0 or np.isinf(self.cpu_max):
+            return float("inf")
+        # eta >= e  <=>  1 + k * max(0, Wc / C - 1) <= 1 / e  <=>  Wc <= C * (1 + (1 / e - 1) / k)
+        return self.cpus * (1.0 + (self.cpu_max / tau - 1.0) / self.cost)
+
+    def feasible(self, tau: float, budget: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """The least-memory allocation with every stage rate >= tau and the CPU bound >= tau, if its
+        worst-case memory is within ``budget``; else None (step (3) of the module docstring)."""
+        p = self.p
+        room_w = self.max_compute_workers(tau)
+        if room_w < 0:
             return None
-        w_out[i] = int(ws[i][j])
-        used_w += w_out[i]
-        used_mem += w_out[i] * p.worker_bytes[i] + p.queue_items[i] * p.bytes_per_item[i]
-    room = cpu_cap - used_w
-    if room < 0 or used_mem > mem_budget:
-        return None
-    if len(tradeoff) == 1:  # the common case: one buffer knob, no programme needed
-        i = tradeoff[0]
-        b, mem = _stage_options(p, i, tau, ws[i], caps[i], int(bounds.b_min[i]), int(bounds.b_max[i]))
-        ok = np.flatnonzero((ws[i] <= room) & (mem + used_mem <= mem_budget))
-        if len(ok) == 0:
+        w_out, b_out = np.zeros(p.n_stages, dtype=int), np.zeros(p.n_stages, dtype=int)
+        used_w, used_mem = 0.0, self.base_mem
+        for i in range(p.n_stages):
+            if p.has_buffer[i]:
+                continue
+            j = int(np.searchsorted(self.fixed_rates[i], tau, side="left"))  # the least qualifying w
+            if j == len(self.ws[i]):
+                return None
+            w_out[i] = int(self.ws[i][j])
+            used_w += w_out[i] * self.weight[i]
+            used_mem += w_out[i] * p.worker_bytes[i] + p.queue_items[i] * p.bytes_per_item[i]
+        room_w, room_mem = room_w - used_w, budget - used_mem
+        if room_w < 0 or room_mem < 0:
             return None
-        w_out[i], b_out[i] = int(ws[i][ok[0]]), int(b[ok[0]])
+        if not self.tradeoff:
+            return w_out, b_out
+        fronts = []  # per buffer stage: (stage, weights, memories, worker counts, buffer MB), its Pareto front
+        for i in self.tradeoff:
+            bounds = self.bounds
+            b, mem = _stage_options(
+                p, i, tau, self.ws[i], self.caps[i], int(bounds.b_min[i]), int(bounds.b_max[i])
+            )
+            wt = self.ws[i] * self.weight[i]
+            keep = np.flatnonzero((mem < np.inf) & (mem <= room_mem) & (wt <= room_w))
+            if len(keep) == 0:
+                return None
+            if self.weight[i] <= 0.0:  # every option weighs 0: the least memory dominates
+                keep = keep[[int(np.argmin(mem[keep]))]]
+            else:  # the weight grows with w: keep the options lighter in memory than every lighter one
+                keep = keep[_strictly_below_prefix(mem[keep])]
+            fronts.append((i, wt[keep], mem[keep], self.ws[i][keep], b[keep]))
+        least_w = sum(float(f[1][0]) for f in fronts)  # the least weight and memory the stages add
+        least_m = sum(float(f[2][-1]) for f in fronts)  # (a front's memory falls as its weight grows)
+        if least_w > room_w or least_m > room_mem:
+            return None
+        fronts.sort(key=lambda f: len(f[1]))
+        # merge all but the last front into one front of sums; links recover each point's choices
+        f_w, f_m = np.zeros(1), np.zeros(1)
+        links = []
+        rest_w, rest_m = least_w, least_m  # least costs of the stages not merged yet
+        for _, wt, mem, _, _ in fronts[:-1]:
+            rest_w -= float(wt[0])
+            rest_m -= float(mem[-1])
+            sw = (f_w[:, None] + wt[None, :]).ravel()
+            sm = (f_m[:, None] + mem[None, :]).ravel()
+            ok = np.flatnonzero((sw + rest_w <= room_w) & (sm + rest_m <= room_mem))
+            if len(ok) == 0:
+                return None
+            order = ok[np.lexsort((sm[ok], sw[ok]))]  # by weight, then memory
+            order = order[_strictly_below_prefix(sm[order])]
+            f_w, f_m = sw[order], sm[order]
+            links.append(np.divmod(order, len(wt)))  # (index in the previous front, option of this stage)
+        # the last stage: each option with the least-memory front point its weight leaves room for
+        i, wt, mem, ws, bs = fronts[-1]
+        j = np.searchsorted(f_w, room_w - wt, side="right") - 1  # f_w ascends, f_m descends along it
+        total = np.where(j >= 0, f_m[np.maximum(j, 0)] + mem, np.inf)
+        g = int(np.argmin(total))
+        if not total[g] <= room_mem:
+            return None
+        w_out[i], b_out[i] = int(ws[g]), int(bs[g])
+        at = int(j[g])
+        for k in range(len(fronts) - 2, -1, -1):
+            prev, opt = links[k][0][at], links[k][1][at]
+            i = fronts[k][0]
+            w_out[i], b_out[i] = int(fronts[k][3][opt]), int(fronts[k][4][opt])
+            at = int(prev)
         return w_out, b_out
-    dp = np.zeros(1)  # dp[W] = least memory with exactly W workers in the stages so far
-    choices = []
-    for i in tradeoff:
-        b, mem = _stage_options(p, i, tau, ws[i], caps[i], int(bounds.b_min[i]), int(bounds.b_max[i]))
-        size = min(room, len(dp) - 1 + int(ws[i][-1])) + 1
-        src = np.arange(size)[:, None] - ws[i][None, :].astype(int)  # W_before = W - w
-        valid = (src >= 0) & (src < len(dp))
-        total = np.where(valid, dp[np.clip(src, 0, len(dp) - 1)] + mem[None, :], np.inf)
-        k = np.argmin(total, axis=1)
-        dp = total[np.arange(size), k]
-        choices.append((i, k, b))
-    ok = np.flatnonzero(dp + used_mem <= mem_budget)
-    if len(ok) == 0:
-        return None
-    total_w = int(ok[0])  # fewest workers among the witnesses
-    for i, k, b in reversed(choices):
-        j = int(k[total_w])
-        w_out[i], b_out[i] = int(ws[i][j]), int(b[j])
-        total_w -= w_out[i]
-    return w_out, b_out
+
+    def maximise(
+        self, budget: float, start: tuple[np.ndarray, np.ndarray, float] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """The throughput optimum under ``budget``, by bisection on ``tau`` (the minimal allocation if
+        nothing fits the budget); ``start``: an allocation known to fit it (the bisection starts there)."""
+        p, bounds = self.p, self.bounds
+        hi = self.upper
+        found = self.feasible(hi, budget)
+        if found is None:
+            found = start[:2] if start is not None else self.feasible(0.0, budget)
+            if found is None:
+                w0, b0 = bounds.w_min.astype(int), np.where(p.has_buffer, bounds.b_min, 0).astype(int)
+                return w0, b0, self.throughput(w0, b0)
+            lo = self.throughput(*found)
+            for _ in range(_BISECTIONS):
+                if hi - lo <= 1e-10 * hi:
+                    break
+                mid = 0.5 * (lo + hi)
+                got = self.feasible(mid, budget)
+                if got is None:
+                    hi = mid
+                else:  # the witness may reach more than asked: go on from what it reaches
+                    found, lo = got, max(mid, self.throughput(*got))
+        w, b = found
+        return w, b, self.throughput(w, b)
 
 
 def optimal_allocation(
@@ -152,58 +261,13 @@ def optimal_allocation(
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """``(workers, buffer_mb, rows/s)`` maximising the model's throughput (see the module docstring).
 
-    ``memory_budget`` defaults to ``MEMORY_SAFE_FRACTION`` of the limit, where the reward starts to fall.
-    If even the minimal allocation exceeds the budget, the minimal allocation is returned.
+    Every allocation within the knob bounds and the memory budget is a candidate, over-subscribed ones
+    (more workers, or compute-wanting workers, than CPUs) included. ``memory_budget`` defaults to
+    ``MEMORY_SAFE_FRACTION`` of the limit, where the reward starts to fall. If even the minimal allocation
+    exceeds the budget, the minimal allocation is returned.
     """
     budget = MEMORY_SAFE_FRACTION * p.limit_bytes if memory_budget is None else memory_budget
-    n = p.n_stages
-    cpu_cap = max(int(cpus), int(bounds.w_min.sum()))
-    others = bounds.w_min.sum() - bounds.w_min
-    ws = [
-        np.arange(bounds.w_min[i], max(bounds.w_min[i], min(bounds.w_max[i], cpu_cap - others[i])) + 1)
-        for i in range(n)
-    ]
-    mult = np.broadcast_to(np.asarray(cpu_mult, dtype=float), (n,))
-    caps = [model.stage_capacity(_one(p, i), ws[i], mult[i]) for i in range(n)]
-    # Every allocation within the cap has the same CPU bound: if sum(wmin) <= C, W <= C so eta = 1; else
-    # the cap is sum(wmin) and the workers are all at their minimum.
-    busy = model.compute_workers(p, bounds.w_min) if bounds.w_min.sum() > cpus else 0.0
-    bound = (
-        model.cpu_bound(p, bounds.w_min, cpus, mult) if busy else cpus / float(np.sum(p.cpu_s_per_row * mult))
-    )
-    # stages without a buffer knob: rate by worker count, non-decreasing (searched by bisection)
-    fixed_rates = [
-        None if p.has_buffer[i] else np.maximum.accumulate(caps[i] * model.buffer_factor(_one(p, i), [0])[0])
-        for i in range(n)
-    ]
-    b_best = np.where(p.has_buffer, bounds.b_max, 0)
-    hi = min(
-        float(bound),
-        min(float(caps[i][-1] * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0]) for i in range(n)),
-    )
-    if p.demand > 0:
-        hi = min(hi, p.demand)
-    found = _feasible(p, hi, ws, caps, bounds, cpu_cap, bound, budget, fixed_rates)
-    if found is None:
-        lo, found = 0.0, _feasible(p, 0.0, ws, caps, bounds, cpu_cap, bound, budget, fixed_rates)
-        if found is None:
-            w0, b0 = bounds.w_min.astype(int), np.where(p.has_buffer, bounds.b_min, 0).astype(int)
-            return w0, b0, model.throughput(p, w0, b0, cpus, mult)
-        for _ in range(_BISECTIONS):
-            mid = 0.5 * (lo + hi)
-            got = _feasible(p, mid, ws, caps, bounds, cpu_cap, bound, budget, fixed_rates)
-            if got is None:
-                hi = mid
-            else:
-                lo, found = mid, got
-            if hi - lo <= 1e-10 * hi:
-                break
-    w, b = found
-    return w, b, model.throughput(p, w, b, cpus, mult)
-
-
-_REWARD_GRID = np.linspace(MEMORY_SAFE_FRACTION, 0.99, 15)  # budgets (share of the limit) first tried
-_REWARD_REFINE = 10  # then the budgets a tenth of the grid's step apart between the best one's neighbours
+    return _Search(p, cpus, bounds, cpu_mult).maximise(budget)
 
 
 def reward_optimal_allocation(
@@ -214,37 +278,58 @@ def reward_optimal_allocation(
 
     Where memory does not bind, that is ``optimal_allocation`` under ``MEMORY_SAFE_FRACTION`` of the limit
     (the factor is 1 up to there). Where it binds (a job whose own base takes most of its limit), a few
-    more rows/s may be worth a lower factor: the throughput optimum is found under a grid of budgets
-    between the safe fraction and the limit, then on a finer grid around the best, and the allocation
-    paying the most is kept (not provably the reward optimum: the test asks for 0.99 of exhaustive
-    search, and it is equal on all 12 cases).
+    more rows/s may be worth a lower factor: a branch and bound on the target rate (module docstring)
+    finds the reward's optimum to relative ``_REWARD_TOLERANCE``.
     """
     limit = p.limit_bytes
-
-    def paid(found: tuple[np.ndarray, np.ndarray, float]) -> float:
-        w, b, t = found
-        return t * memory_factor(model.worst_case_memory(p, w, b) / limit) if limit > 0 else t
-
-    safe = optimal_allocation(p, cpus, bounds, cpu_mult)
+    s = _Search(p, cpus, bounds, cpu_mult)
+    safe = s.maximise(MEMORY_SAFE_FRACTION * limit)
     if limit <= 0:
         return safe
-    unbounded = optimal_allocation(p, cpus, bounds, cpu_mult, memory_budget=0.99 * limit)
-    if unbounded[2] <= safe[2] * (1 + 1e-9):
+    fits = model.worst_case_memory(p, safe[0], safe[1]) <= limit
+    top = s.maximise(limit, start=safe if fits else None)
+    if top[2] <= safe[2] * (1 + 1e-9):
         return safe
-    best, best_paid, best_share = safe, paid(safe), MEMORY_SAFE_FRACTION
 
-    def try_shares(shares: np.ndarray) -> None:
-        nonlocal best, best_paid, best_share
-        for share in shares:
-            if MEMORY_SAFE_FRACTION < share < 1.0:
-                found = optimal_allocation(p, cpus, bounds, cpu_mult, memory_budget=float(share) * limit)
-                pays = paid(found)
-                if pays > best_paid:
-                    best, best_paid, best_share = found, pays, float(share)
+    def paid(w: np.ndarray, b: np.ndarray, t: float) -> float:
+        return t * memory_factor(model.worst_case_memory(p, w, b) / limit)
 
-    try_shares(_REWARD_GRID[1:])
-    fine = float(_REWARD_GRID[1] - _REWARD_GRID[0]) / _REWARD_REFINE
-    try_shares(best_share + fine * np.arange(-_REWARD_REFINE + 1, _REWARD_REFINE))
+    best = max((safe, top), key=lambda a: paid(*a))
+    best_paid = paid(*best)
+
+    def probe(tau: float) -> tuple[float, float] | None:
+        """``(M(tau), T)``: the least memory reaching ``tau`` and the rows/s of its witness, which keeps
+        that memory up to ``T`` (None if nothing under the limit reaches ``tau``); keeps the best witness."""
+        nonlocal best, best_paid
+        got = s.feasible(tau, limit)
+        if got is None:
+            return None
+        t = s.throughput(*got)
+        pays = paid(*got, t)
+        if pays > best_paid:
+            best, best_paid = (got[0], got[1], t), pays
+        return model.worst_case_memory(p, *got), max(t, tau)
+
+    def bound(t2: float, m1: float) -> float:  # the most any tau in (t1, t2] pays if M(t1) = m1
+        return t2 * memory_factor(m1 / limit)
+
+    first = probe(safe[2]) or probe(safe[2] * (1 - 1e-9))  # (rounding may refuse the exact rate)
+    if first is None:
+        return best
+    # intervals (t1, t2] of targets still open, M(t1) = m1, by their highest bound first
+    heap = [(-bound(top[2], first[0]), first[1], top[2], first[0])]
+    for _ in range(_REWARD_PROBES):
+        if not heap:
+            break
+        neg, t1, t2, m1 = heapq.heappop(heap)
+        if -neg <= best_paid * (1 + _REWARD_TOLERANCE):
+            break
+        mid = 0.5 * (t1 + t2)
+        got = probe(mid)
+        halves = [(t1, mid, m1)] + ([(got[1], t2, got[0])] if got is not None else [])
+        for a, b, m in halves:
+            if a < b and bound(b, m) > best_paid * (1 + _REWARD_TOLERANCE):
+                heapq.heappush(heap, (-bound(b, m), a, b, m))
     return best
 
 
