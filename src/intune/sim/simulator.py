@@ -6,6 +6,14 @@ noise streams) and turns the pure model of ``intune.sim.model`` into the same
 ``intune.knobs.Knob`` objects: setting one changes the simulated allocation from the next tick on.
 It must not choose allocations (policies do) nor search for the optimum beyond delegating to
 ``intune.sim.oracle``.
+
+Irregular stages (a spec stage with ``cost_tail`` or ``size_cv``) are sampled item by item: each tick,
+every such stage works through its own sequence of items (a tail stage: per-item cost multipliers of
+mean 1 and cv ``cpu_cv``; a size stage: the sizes of one stream that every size stage shares, so the
+rows that are big in one are big in all) with the time its model rate gives it this tick plus what it
+carried over; the rows that reach the consumer are the fewest any stage finished, so the realised
+throughput is bursty, and each stage's observed per-item costs are the mean over the items it actually
+finished this tick. The model, the oracle and ``last_model_throughput`` keep the mean costs.
 """
 
 from __future__ import annotations
@@ -29,6 +37,141 @@ def observed_kind(spec_kind: str) -> str:
 
 _BLOCK = 512  # ticks of drift and noise drawn at once
 _FILL_EVERY = 4  # ticks between recomputations of the queues' steady fill (drift moves it slowly)
+_ITEM_BLOCK = 4096  # items of an irregular stage's sequence drawn at once
+
+
+def item_cost_multipliers(rng: np.random.Generator, kind: str, cv: float, n: int) -> np.ndarray:
+    """``n`` per-item cost multipliers of mean 1 and coefficient of variation ``cv`` (a ``cost_tail``).
+
+    ``lognormal``: ``exp(sigma * Z - sigma^2 / 2)`` with ``sigma^2 = ln(1 + cv^2)`` (median
+    ``1 / sqrt(1 + cv^2)``); ``pareto``: type I with ``alpha = 1 + sqrt(1 + 1 / cv^2)`` (so
+    ``cv^2 = 1 / (alpha (alpha - 2))``) and scale ``(alpha - 1) / alpha`` (the smallest item).
+    """
+    if cv <= 0:
+        return np.ones(n)
+    if kind == "lognormal":
+        s2 = math.log1p(cv * cv)
+        return np.exp(math.sqrt(s2) * rng.standard_normal(n) - 0.5 * s2)
+    if kind == "pareto":
+        alpha = 1.0 + math.sqrt(1.0 + 1.0 / (cv * cv))
+        return (alpha - 1.0) / alpha * (1.0 + rng.pareto(alpha, n))
+    raise ValueError(f"unknown cost tail {kind!r}; kinds are lognormal, pareto")
+
+
+class _IrregularItems:
+    """The item-level sampling of a spec's irregular stages (``cost_tail`` and ``size_cv``), tick by tick.
+
+    Stage ``i`` works in units of ``unit_rows[i]`` rows (its items for a tail stage; chunks of
+    ``chunk_rows`` rows for a size stage, whose stream all size stages share). A tick gives it
+    ``rate_i * dt / unit_rows`` mean-cost units of time plus its credit: the partial progress on the
+    item in hand, or, when it was not the slowest, the work it got ahead of the flow, at most what its
+    output queue holds and one tick of its rate (so a bursty stage's own buffer smooths its bursts, and
+    slow drift does not bank work for minutes). It can finish the items whose time multipliers fit; the
+    flow is the fewest rows any stage (or the regular bound) allows; each stage then takes that many
+    rows of items off its sequence, and their mean multipliers are what the tick observes.
+    """
+
+    def __init__(self, spec: WorkloadSpec, params: model.ModelParams, seed: int) -> None:
+        n = params.n_stages
+        self.tail = [i for i, s in enumerate(spec.stages) if s.cost_tail is not None]
+        self.size = [i for i, s in enumerate(spec.stages) if s.size_cv > 0]
+        self.regular = np.array([i not in self.tail and i not in self.size for i in range(n)])
+        self.kinds = {i: spec.stages[i].cost_tail.kind for i in self.tail}
+        self.cvs = {i: spec.stages[i].cpu_cv for i in self.tail}
+        self.sigma2 = {i: math.log1p(spec.stages[i].size_cv ** 2) for i in self.size}
+        self.unit_rows = params.rows_per_item.copy()
+        self.unit_rows[self.size] = float(spec.chunk_rows)
+        self.reset(seed, restart_streams=True)
+
+    def reset(self, seed: int | None, restart_streams: bool = False) -> None:
+        """Empty pipeline; with ``seed``, the item streams restart from it (a stream of their own, so the
+        noise streams draw what they drew without irregular stages)."""
+        if seed is not None or restart_streams:
+            self._rng = np.random.default_rng(None if seed is None else [int(seed), 16])
+            self._seq: dict[int, np.ndarray] = {}  # stage (or -1: the shared size stream) -> items ahead
+            self._pos: dict[int, int] = {}
+        self.lost()
+
+    def lost(self) -> None:
+        """The job restarted: no partial progress, no work ahead."""
+        self.credit = np.zeros(len(self.unit_rows))
+        self.acc = np.zeros(len(self.unit_rows))
+
+    def _window(self, key: int, k: int) -> np.ndarray:
+        """The next ``k`` raw draws of stream ``key`` (multipliers of a tail stage; normals for sizes)."""
+        seq, pos = self._seq.get(key), self._pos.get(key, 0)
+        if seq is None or pos + k > len(seq):
+            m = max(_ITEM_BLOCK, k)
+            new = (
+                self._rng.standard_normal(m)
+                if key < 0
+                else item_cost_multipliers(self._rng, self.kinds[key], self.cvs[key], m)
+            )
+            seq = new if seq is None else np.concatenate((seq[pos:], new))
+            self._seq[key], self._pos[key] = seq, 0
+            pos = 0
+        return seq[pos : pos + k]
+
+    def _multipliers(self, i: int, k: int, cpu_frac: float) -> tuple[np.ndarray, np.ndarray]:
+        """Time and CPU multipliers of stage ``i``'s next ``k`` items (a tail scales CPU, not I/O)."""
+        if i in self.sigma2:
+            s2 = self.sigma2[i]
+            size = np.exp(math.sqrt(s2) * self._window(-1, k) - 0.5 * s2)
+            return size, size
+        x = self._window(i, k)
+        return 1.0 + cpu_frac * (x - 1.0), x
+
+    def tick(
+        self, bound_rows: float, rates: np.ndarray, dt: float, cpu_frac: np.ndarray, hold_rows: np.ndarray
+    ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """One tick: rows delivered (at most ``bound_rows``, what the regular stages, the CPUs and the
+        consumer allow), and per stage the mean time, CPU and bytes multipliers of the items finished.
+
+        ``cpu_frac``: the CPU share of each stage's time per row (a tail scales only that part);
+        ``hold_rows``: rows of work each stage may bank ahead of the flow."""
+        n = len(rates)
+        ones = np.ones(n)
+        m_time, m_cpu, m_bytes = ones.copy(), ones.copy(), ones.copy()
+        flow = bound_rows
+        fit: dict[int, tuple[float, int, np.ndarray, np.ndarray]] = {}
+        for i in self.tail + self.size:
+            budget = float(rates[i]) * dt / self.unit_rows[i] + self.credit[i]
+            k = int(2.0 * budget) + 16
+            while True:
+                t_mult, c_mult = self._multipliers(i, k, float(cpu_frac[i]))
+                done = np.cumsum(t_mult)
+                if done[-1] > budget:
+                    break
+                k *= 2
+            ncap = int(np.searchsorted(done, budget, side="right"))
+            fit[i] = (budget, ncap, done, c_mult)
+            flow = min(flow, ncap * self.unit_rows[i])
+        shared: int | None = None
+        for i in self.tail + self.size:
+            budget, ncap, done, c_mult = fit[i]
+            if i in self.sigma2 and shared is not None:  # the shared stream: the first size stage took
+                taken = shared
+            else:
+                self.acc[i] += flow / self.unit_rows[i]
+                most = min(fit[j][1] for j in self.size) if i in self.sigma2 else ncap
+                taken = min(int(self.acc[i]), most)
+                self.acc[i] -= taken
+                shared = taken if i in self.sigma2 else shared
+            used = float(done[taken - 1]) if taken > 0 else 0.0
+            left = budget - used
+            self.credit[i] = left if taken >= ncap else min(left, hold_rows[i] / self.unit_rows[i])
+            if taken > 0:
+                m_time[i] = used / taken
+                m_cpu[i] = float(c_mult[:taken].mean())
+            else:  # nothing finished: the item in hand is what the stage spends its time on
+                m_time[i] = float(done[0])
+                m_cpu[i] = float(c_mult[0])
+            if i in self.sigma2:
+                m_bytes[i] = m_cpu[i]
+            if i not in self.sigma2 or i == self.size[-1]:
+                key = i if i not in self.sigma2 else -1
+                self._pos[key] += taken
+        return flow, m_time, m_cpu, m_bytes
 
 
 class Simulator:
@@ -107,6 +250,8 @@ class Simulator:
         self._gil_stages = bool((self.params.gil_fraction > 0).any())
         gil = self.params.gil_fraction
         self._inv_gil = np.where(gil > 0, 1.0 / np.where(gil > 0, gil, 1.0), np.inf)
+        irregular = any(s.cost_tail is not None or s.size_cv > 0 for s in spec.stages)
+        self._irregular = _IrregularItems(spec, self.params, seed) if irregular else None
         self.reset()
 
     def _gil_cap(self, caps: np.ndarray, c: np.ndarray, share: float) -> np.ndarray:
@@ -156,6 +301,8 @@ class Simulator:
         if seed is not None:
             self.seed = seed
             self._rng = np.random.default_rng(seed)
+        if self._irregular is not None:
+            self._irregular.reset(seed)
         self._workers[:] = 1
         self._buffer_mb[:] = [s.buffer.default if s.buffer else 0 for s in self.spec.stages]
         self._buffered = np.zeros(self.params.n_stages)
@@ -269,10 +416,25 @@ class Simulator:
         if mem > p.limit_bytes:
             return self._oom(t, cpus, mem)
         self.last_memory_bytes = mem
-        realised = float(T * z[0])
-        busy = np.minimum(1.0, T / caps)
+        irregular = self._irregular is not None and T > 0
+        if irregular:  # what the items in hand this tick allow, and what they cost
+            share = t_cpu / t_stage if t_cpu < t_stage else 1.0
+            regular = self._irregular.regular
+            bound = min(t_cpu, self._demand if self._demand > 0 else math.inf)
+            if regular.any():
+                bound = min(bound, float(rates[regular].min()))
+            hold = np.minimum(np.asarray(self._cap_items) * p.rows_per_item, rates * self.dt_s)
+            flow, m_time, m_cpu, m_bytes = self._irregular.tick(
+                bound * self.dt_s, rates, self.dt_s, c / (c + p.io_s_per_row * share), hold
+            )
+            flow /= self.dt_s
+            realised = float(flow * z[0])
+            busy = np.minimum(1.0, flow * m_time / caps)
+        else:
+            realised = float(T * z[0])
+            busy = np.minimum(1.0, T / caps)
         idle = 1.0 - busy
-        queue_fill = self._buffered / self._cap_bytes
+        queue_fill = np.minimum(self._buffered / self._cap_bytes, 1.0)  # a buffer just shrunk holds more until it drains
         upstream_empty = np.empty_like(queue_fill)
         upstream_empty[0] = 0.0
         upstream_empty[1:] = 1.0 - queue_fill[:-1]
@@ -282,6 +444,11 @@ class Simulator:
         items = realised / rpi * z[2 : 2 + n]
         cpu_item = c * rpi / eta * z[2 + n : 2 + 2 * n]
         wall_item = w * rpi / caps * z[2 + 2 * n :]
+        bytes_item = p.bytes_per_item
+        if irregular:
+            cpu_item = cpu_item * m_cpu
+            wall_item = wall_item * m_time
+            bytes_item = bytes_item * m_bytes
         stages = tuple(
             map(
                 StageObservation,
@@ -292,7 +459,7 @@ class Simulator:
                 (items * rpi).tolist(),
                 cpu_item.tolist(),
                 wall_item.tolist(),
-                p.bytes_per_item.tolist(),
+                bytes_item.tolist(),
                 busy.tolist(),
                 (idle * (1.0 - block_w)).tolist(),
                 (idle * block_w).tolist(),
@@ -324,6 +491,8 @@ class Simulator:
         self.ooms += 1
         self._down_until = t + 1 + self._restart_ticks
         self._buffered[:] = 0.0
+        if self._irregular is not None:
+            self._irregular.lost()
         self.last_model_throughput = 0.0
         self.last_cpu_used = 0.0
         self.last_memory_bytes = mem

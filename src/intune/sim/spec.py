@@ -23,6 +23,7 @@ import yaml
 
 WORKLOAD_DIR = Path(__file__).parent / "workloads"
 MODES = ("thread", "process")
+TAIL_KINDS = ("lognormal", "pareto")
 LADDER_PREFIX = "ladder-"
 
 
@@ -48,6 +49,19 @@ class DriftSpec:
 
 
 @dataclass(frozen=True)
+class CostTailSpec:
+    """The family of a stage's per-item CPU cost, sampled item by item in the simulator's ticks.
+
+    Its mean is the stage's ``cpu_us_per_row`` (per row; plus ``item_overhead_us`` per item) and its
+    coefficient of variation is the stage's ``cpu_cv``, so the model (which sees only the mean and the
+    cv) is unchanged; ``kind`` picks the shape: ``lognormal`` (``sigma^2 = ln(1 + cv^2)``) or
+    ``pareto`` (type I, ``alpha = 1 + sqrt(1 + 1 / cv^2)``: a power-law tail with the same mean and cv).
+    """
+
+    kind: str = "lognormal"
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     kind: str = "map"  # read | shuffle | map | udf | batch | prefetch | ... (informative, except "batch")
@@ -67,6 +81,8 @@ class StageSpec:
     max_workers: int = 128
     buffer: BufferSpec | None = None  # a tunable output buffer (knob "<name>.buffer_mb")
     drift: DriftSpec = field(default_factory=DriftSpec)
+    cost_tail: CostTailSpec | None = None  # per-item cost drawn from this family (mean, cv as above)
+    size_cv: float = 0.0  # cv of its items' size (bytes, list lengths): cost and bytes scale with it
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "io_us_per_row": (0.0, None, False),
     "item_overhead_us": (0.0, None, False),
     "cpu_cv": (0.0, 5.0, False),
+    "size_cv": (0.0, 5.0, False),
     "contention": (0.0, 1.0, False),
     "gil_fraction": (0.0, 1.0, False),
     "copies": (0.0, 10.0, False),
@@ -218,10 +235,18 @@ def _drift(data: Any, where: str) -> DriftSpec:
     return DriftSpec(**_fields(DriftSpec, data, where))
 
 
+def _cost_tail(data: Any, where: str) -> CostTailSpec | None:
+    if data is None:  # spelt-out default: a regular stage
+        return None
+    tail = CostTailSpec(**_fields(CostTailSpec, data, where))
+    _check(tail.kind in TAIL_KINDS, f"{where}.kind", f"must be one of {TAIL_KINDS}, got {tail.kind!r}")
+    return tail
+
+
 def _stage(data: Any, where: str) -> StageSpec:
     _check(isinstance(data, Mapping) and "name" in data, where, "a stage needs a 'name'")
     where = f"{where} ({data['name']})"
-    kw = _fields(StageSpec, data, where, {"buffer": _buffer, "drift": _drift})
+    kw = _fields(StageSpec, data, where, {"buffer": _buffer, "drift": _drift, "cost_tail": _cost_tail})
     _check(
         isinstance(kw["name"], str) and kw["name"] and "." not in kw["name"],
         f"{where}.name",
@@ -240,6 +265,17 @@ def _stage(data: Any, where: str) -> StageSpec:
         f"{where}.cpu_us_per_row",
         "a stage must cost something per row (cpu, io or item overhead)",
     )
+    if kw.get("cost_tail") is not None:
+        _check(
+            kw.get("cpu_cv", 0.0) > 0,
+            f"{where}.cost_tail",
+            "needs cpu_cv > 0 (the tail's coefficient of variation; its mean is cpu_us_per_row)",
+        )
+        _check(
+            kw.get("size_cv", 0.0) == 0,
+            f"{where}.cost_tail",
+            "and size_cv are exclusive: a stage's per-item cost follows its tail or its items' size",
+        )
     return StageSpec(**kw)
 
 
