@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _online import fine_tune
-from intune.agent.benchmark import decision_time
+from intune.bench.agent import decision_time
 from intune.agent.features import N_FEATURES
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, load_weights
 from intune.policies import even_split, make
@@ -131,7 +131,7 @@ def test_online_fine_tuning_learns_without_touching_the_shipped_network():
     rows, valid = np.random.default_rng(0).normal(size=(6, N_FEATURES)).astype(np.float32), np.ones(6, dtype=bool)
     with torch.no_grad():
         tuned = policy.q(torch.from_numpy(rows), torch.from_numpy(valid)).numpy()
-    np.testing.assert_allclose(policy._numpy_q(rows, valid), tuned, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(policy.chooser.numpy_q(rows, valid), tuned, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -202,20 +202,3 @@ def test_big_buffers_set_before_the_start_never_oom_in_the_simulator():
         ooms += obs.oom
     assert ooms == 0
     assert sim.knobs["prefetch.buffer_mb"].value * (1 << 20) < 0.85 * sim.memory_limit_bytes - 16 * (1 << 30)
-
-
-def test_the_agent_benchmark_skips_the_oom_section_at_0_episodes_and_refuses_a_negative_count(capsys):
-    import sys
-
-    from intune.agent.benchmark import main
-
-    argv = sys.argv
-    try:
-        sys.argv = ["benchmark", "--period", "3", "--held-out", "0", "--oom-episodes", "0"]
-        assert main() == 0
-        assert "tight-memory" not in capsys.readouterr().out
-        sys.argv = ["benchmark", "--oom-episodes", "-1"]
-        with pytest.raises(SystemExit, match="--oom-episodes must be >= 0"):
-            main()
-    finally:
-        sys.argv = argv

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from _knobs import dict_knobs, kind_of
 
+from _knobs import dict_knobs, kind_of
 from intune.observation import Observation, StageObservation
 from intune.policies.runner import Runner
 

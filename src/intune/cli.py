@@ -16,6 +16,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("demo",), "intune.dlrm.demo", "generate a small data set and train DLRM through a tuned pipeline"),
     (("bench", "engine"), "intune.bench.engine", "engine overhead, parallel speed-up, transport, resize, memory"),
     (("bench", "sim"), "intune.bench.sim", "every policy on every simulated workload over the resize schedule"),
+    (("bench", "agent"), "intune.bench.agent", "the agent against every policy on shipped and held-out simulated workloads"),
     (("bench", "tune"), "intune.bench.tune_live", "the agent on the real engine: convergence, CPU resize, memory limit"),
     (("bench", "real"), "intune.bench.real", "DLRM preprocessing: intune vs tf.data AUTOTUNE vs PyTorch DataLoader"),
     (("bench", "recd"), "intune.bench.recd", "RecD deduplication: storage, preprocessing, training ratios"),

@@ -17,7 +17,7 @@ class AgentConfig:
     seed: int = 0
     """Seed of torch, numpy and the simulated workloads drawn for pretraining."""
 
-    total_steps: int = 6000
+    total_steps: int = 1500
     """Vector steps of pretraining (each steps every parallel simulated pipeline once)."""
 
     num_envs: int = 16
@@ -26,7 +26,7 @@ class AgentConfig:
     episode_ticks: int = 300
     """Ticks of one pretraining episode before its pipeline is replaced by a fresh random one."""
 
-    hidden: int = 64
+    hidden: int = 128
     """Width of the two hidden layers of the shared three-layer MLP."""
 
     learning_rate: float = 1e-3
@@ -66,7 +66,25 @@ class AgentConfig:
     """Fraction of ``total_steps`` over which epsilon falls linearly from start to end."""
 
     teacher_fraction: float = 0.5
-    """Share of exploratory ticks whose moves come from the proportional-share teacher, not at random."""
+    """Share of exploratory ticks whose moves come from the oracle teacher (``imitation``), not at random."""
+
+    imitation_rounds: int = 10
+    """DAgger rounds before the DQN steps: round 0 follows the teacher, later rounds the learner."""
+
+    imitation_episodes: int = 64
+    """Simulated episodes rolled out per DAgger round."""
+
+    imitation_ticks: int = 200
+    """Ticks per DAgger episode."""
+
+    imitation_epochs: int = 6
+    """Passes over all labelled states after each round (cross-entropy on each knob's head)."""
+
+    imitation_teacher_share: float = 0.2
+    """Share of ticks in the learner's rounds where the teacher acts (the states it leads to get labels too)."""
+
+    imitation_learning_rate: float = 2e-3
+    """Adam learning rate of the imitation rounds."""
 
     max_grad_norm: float = 10.0
     """Gradient clipping norm (Huber loss already bounds the per-sample gradient)."""
@@ -110,38 +128,16 @@ class AgentConfig:
     online_buffer_size: int = 2048
     """Transitions kept for online fine-tuning."""
 
-    memory_ticks: int = 120
-    """Ticks a worker vector's measured throughput is remembered by the policy's guard, which holds the
-    CPU knobs instead of moving back to a vector measured clearly worse (0 turns the guard off)."""
 
-    memory_tolerance: float = 0.05
-    """How much worse (relative) a remembered vector must be for the guard to hold; about the live
-    noise. Doubled when a value comes only from the tick right after a change (partly transitional)."""
 
     trim_margin: float = 0.65
     """Share of the memory limit that the buffers, if full, plus what is used outside them may take
     before the policy cuts buffers in one tick (``SafetyLayer.trim``); below ``memory_margin`` because
     that projection misses memory that only comes once data flows."""
 
-    memory_drift: float = 0.25
-    """A settled reading this far (relative) from the current vector's average means the workload
-    changed, and the guard forgets every vector (0: only ``memory_ticks`` expiry forgets)."""
 
-    dwell_ticks: int = 1
-    """Ticks the CPU knobs hold after a move (so the new vector's throughput is measured settled)."""
 
-    probe_after: int = 5
-    """Ticks without a new worker vector (the network holding, or cycling among vectors measured
-    recently) before the policy tries one worker more on the bottleneck stage, or moves one there from
-    the stage with the most idle workers when no CPU is free, or adds one to a busy light stage
-    (``Observation.light_stages``: granted past the CPUs, and undone unless the rate clearly rises); a
-    vector the memory knows is not tried again while remembered (0: no probes, and no steering at all).
-    This is how the agent gets out of a live state where the sim-trained network keeps holding below
-    the optimum."""
 
-    fill_free_cpus: int = 2
-    """Free CPUs, left after the network's moves, from which the policy gives the busiest stage more
-    workers itself (+5 when 5 are free, else +1), unless the memory knows that to be worse (0: never)."""
 
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with the weights (e.g. the command that produced them)."""

@@ -1,9 +1,10 @@
 """The DQN training loop, read top to bottom (CleanRL's dqn.py, with action branching).
 
 Many simulated pipelines are stepped in parallel; every knob of every pipeline picks one of the
-deltas (epsilon-greedy per knob, then the safety layer resolves them jointly), the transition goes
-into an n-step replay buffer, and one gradient step with a Huber loss against a target network
-follows. The branching target is the mean over knobs of each knob's double-DQN value (Tavakoli et
+deltas (epsilon-greedy per knob; an exploring knob follows the oracle teacher or a random score, then
+the safety layer resolves them jointly), the one runner (``intune.policies.runner``) applies the
+request, the transition goes into an n-step replay buffer, and one gradient step with a Huber loss
+against a target network follows. The branching target is the mean over knobs of each knob's double-DQN value (Tavakoli et
 al.'s BDQ). It must not know how pipelines are simulated: it sees the ``Env`` protocol only.
 """
 
@@ -23,10 +24,11 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
 from intune.agent.network import BranchingQNetwork
 from intune.agent.replay import NStepAccumulator, ReplayBuffer
-from intune.policies.safety import SafetyLayer
-from intune.agent.teacher import teacher_moves, teacher_scores
+from intune.agent.teacher import teacher_choice
 from intune.knobs import Knob
 from intune.observation import Observation
+from intune.policies.runner import Runner
+from intune.policies.safety import SafetyLayer
 
 
 class Env(Protocol):
@@ -39,6 +41,8 @@ class Env(Protocol):
     def step(self) -> Observation: ...
 
     def reward(self, obs: Observation) -> float: ...
+
+    def optimum_allocation(self, cpus: float) -> tuple[dict[str, int], float]: ...
 
     # optional: ``scramble(rng, memory_margin) -> Observation`` moves to a random allocation
 
@@ -54,6 +58,7 @@ class _Slot:
     """One parallel pipeline and what the loop remembers about it."""
 
     env: Env
+    runner: Runner
     builder: FeatureBuilder
     safety: SafetyLayer
     nstep: NStepAccumulator
@@ -84,14 +89,16 @@ def new_network(config: AgentConfig) -> BranchingQNetwork:
 
 def _open(env: Env, config: AgentConfig, nstep: NStepAccumulator | None = None,
           rng: np.random.Generator | None = None) -> _Slot:
+    runner = Runner(env.knobs)
     obs = env.reset()
     if rng is not None and hasattr(env, "scramble") and rng.random() < config.random_start_probability:
         obs = env.scramble(rng, config.memory_margin)
+    obs = runner.observe(obs)
     knobs = list(env.knobs.values())
     builder = FeatureBuilder(env.knobs, global_only=config.global_only)
-    safety = SafetyLayer(knobs, config.action_deltas, config.memory_margin)
+    safety = SafetyLayer(knobs, config.action_deltas, config.memory_margin, config.trim_margin)
     rows, valid = pad(builder.rows(obs))
-    return _Slot(env, builder, safety, nstep or NStepAccumulator(config.n_step, config.gamma), obs, rows, valid,
+    return _Slot(env, runner, builder, safety, nstep or NStepAccumulator(config.n_step, config.gamma), obs, rows, valid,
                  _pad_mask(safety.mask(obs), len(config.action_deltas)))
 
 
@@ -159,19 +166,21 @@ def train(
             values = [k.value for k in slot.safety.knobs]
             if explore.any():
                 if rng.random() < config.teacher_fraction:  # guided exploration (off-policy demonstrations)
-                    wanted = teacher_moves(slot.obs, slot.safety._stages, slot.safety._is_cpu, values)
-                    guided = teacher_scores(wanted, slot.safety.deltas, rng)
+                    goal, _ = slot.env.optimum_allocation(slot.obs.cpus)
+                    label = teacher_choice(slot.safety, slot.obs, values, goal, slot.mask[:n])
+                    guided = np.where(np.arange(n_actions)[None, :] == label[:, None], 1.0, 0.0)
                     scores[explore] = guided[explore]
                 else:
                     scores[explore] = rng.random((int(explore.sum()), n_actions))
             choice = slot.safety.select(scores, slot.mask[:n], slot.obs, values)
-            for knob, value, d in zip(slot.safety.knobs, values, slot.safety.moves(choice, slot.obs)):
-                if d:
-                    knob.set(int(value + d))
+            wanted = np.asarray(values, dtype=np.int64) + slot.safety.moves(choice, slot.obs)
+            request = {k.name: int(w) for k, v, w in zip(slot.safety.knobs, values, wanted, strict=True) if w != v}
+            if request:
+                slot.runner.apply(slot.obs, request)
             slot.builder.applied(slot.safety.deltas[choice])
 
             # -- environment tick, reward, n-step transition --------------------------------------
-            next_obs = slot.env.step()
+            next_obs = slot.runner.observe(slot.env.step())
             reward = slot.env.reward(next_obs)
             terminal = bool(next_obs.oom)
             next_rows, next_valid = pad(slot.builder.rows(next_obs))

@@ -26,7 +26,7 @@ class SimEnv:
     def __init__(self, sim) -> None:
         self.sim = sim
         self.knobs = sim.knobs
-        self._optimum: dict[float, tuple[int, float]] = {}
+        self._optimum: dict[float, tuple[int, dict[str, int], float]] = {}
         self._tick = 0
 
     def reset(self) -> Observation:
@@ -60,13 +60,18 @@ class SimEnv:
         self._tick += 1
         return self.sim.step()
 
-    def optimum(self, cpus: float) -> float:
-        """Best throughput at ``cpus`` (cached, refreshed as drift moves it)."""
+    def optimum_allocation(self, cpus: float) -> tuple[dict[str, int], float]:
+        """The oracle's allocation at ``cpus`` and its rows/s (cached, refreshed as drift moves it)."""
         cached = self._optimum.get(cpus)
         if cached is None or self._tick - cached[0] >= OPTIMUM_REFRESH_TICKS:
-            cached = (self._tick, float(self.sim.optimum(int(cpus))[1]))
+            alloc, value = self.sim.optimum(int(cpus))
+            cached = (self._tick, alloc, float(value))
             self._optimum[cpus] = cached
-        return cached[1]
+        return cached[1], cached[2]
+
+    def optimum(self, cpus: float) -> float:
+        """Best throughput at ``cpus`` (cached, refreshed as drift moves it)."""
+        return self.optimum_allocation(cpus)[1]
 
     def reward(self, obs: Observation) -> float:
         return reward(obs, self.optimum(obs.cpus))

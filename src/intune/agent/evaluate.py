@@ -1,7 +1,7 @@
 """Scoring a policy in the simulator against the phase optimum: ratio, OOMs, convergence ticks.
 
 Used by pretraining (the learning curve's validation score) and by the agent's simulator benchmark
-(``python -m intune.agent.bench_sim``). Every episode goes through ``intune.sim.run_episode``, exactly as
+(``intune bench agent``, ``intune.bench.agent``). Every episode goes through ``intune.sim.run_episode``, exactly as
 the live runner applies requests. The optimum is the oracle's at the current CPUs and drift, searched
 at every resize and every ``OPTIMUM_REFRESH_TICKS``. It must not train anything.
 """

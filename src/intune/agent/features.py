@@ -18,6 +18,7 @@ from intune.observation import Observation, StageObservation
 MB = 1 << 20
 MAX_STAGES = 8
 MAX_KNOBS = 2 * MAX_STAGES  # workers and buffer per stage
+KINDS: tuple[str, ...] = ("read", "shuffle", "map", "batch", "prefetch")
 
 KNOB_FEATURES: tuple[str, ...] = (
     "is_cpu",  # the knob moves workers
@@ -39,6 +40,10 @@ KNOB_FEATURES: tuple[str, ...] = (
     "position",  # stage index / (stages - 1)
     "is_first",
     "is_last",
+    "cost_share",  # the stage's busy wall seconds per row / the sum over stages: its share of the work per row
+    "headroom",  # log2(the stage's rows/s if its workers were always busy / throughput) / 4, in [0, 1]
+    "light",  # its workers wait on something other than the CPUs (``Observation.light_stages``)
+    *(f"kind_{kind}" for kind in KINDS),  # what the stage does, as it declares it
 )
 CONTEXT_FEATURES: tuple[str, ...] = (
     "free_cpu_share",  # free CPUs / CPUs
@@ -52,10 +57,12 @@ CONTEXT_FEATURES: tuple[str, ...] = (
     "ticks_since_resize",  # / 30, capped at 1
     "max_busy",  # stage signals (hidden in the global-only ablation)
     "mean_starved",
+    "over_allocated",  # workers past the CPU budget / CPUs (after a shrink), capped at 1
 )
 N_FEATURES = len(KNOB_FEATURES) + len(CONTEXT_FEATURES)
 
-_STAGE_SIGNALS = ("busy", "starved", "blocked", "queue_fill", "work_share", "cpu_per_wall", "buffered_share", "rate_change")
+_STAGE_SIGNALS = ("busy", "starved", "blocked", "queue_fill", "work_share", "cpu_per_wall", "buffered_share", "rate_change",
+                  "cost_share", "headroom", "light")
 _HIDDEN_IN_GLOBAL_ONLY = np.array(
     [name in _STAGE_SIGNALS for name in KNOB_FEATURES] + [name in ("max_busy", "mean_starved") for name in CONTEXT_FEATURES]
 )
@@ -124,6 +131,7 @@ class FeatureBuilder:
             min(1.0, self.ticks_since_resize / 30.0),
             max((s.busy for s in stages), default=0.0),
             sum(s.starved for s in stages) / max(n, 1),
+            min(1.0, max(0.0, -obs.free_cpus) / cpus),
         ]
         self.last_throughput = thr
 
@@ -132,6 +140,10 @@ class FeatureBuilder:
             last = self.last_stage_rate.get(s.name, s.items_per_s)
             rate_change[s.name] = max(-1.0, min(1.0, (s.items_per_s - last) / max(last, s.items_per_s, 1e-9)))
             self.last_stage_rate[s.name] = s.items_per_s
+
+        cost = {s.name: _wall_s_per_row(s) for s in stages}
+        total_cost = sum(cost.values()) or 1.0
+        light = set(obs.light_stages())
 
         out = np.empty((len(self.knob_names), N_FEATURES), dtype=np.float32)
         for k, (stage, is_cpu, lo, hi) in enumerate(self._layout):
@@ -159,11 +171,29 @@ class FeatureBuilder:
                 i / (n - 1) if n > 1 else 0.0,
                 1.0 if i == 0 else 0.0,
                 1.0 if i == n - 1 else 0.0,
+                cost[stage] / total_cost,
+                _headroom(s, thr),
+                1.0 if stage in light else 0.0,
+                *(1.0 if s.kind == kind else 0.0 for kind in KINDS),
             )
             out[k, len(KNOB_FEATURES) :] = context
         if self.global_only:
             out[:, _HIDDEN_IN_GLOBAL_ONLY] = 0.0
         return out
+
+
+def _wall_s_per_row(s: StageObservation) -> float:
+    """Busy wall seconds per row of a stage's workers (0 without evidence)."""
+    return s.wall_s_per_item * s.items_per_s / s.rows_per_s if s.rows_per_s > 0 else 0.0
+
+
+def _headroom(s: StageObservation, throughput: float) -> float:
+    """How far a stage is from being the bottleneck: log2 of the rows/s its workers would make if always
+    busy over the pipeline's throughput, / 4, in [0, 1] (0: busy all the time, the bottleneck)."""
+    if throughput <= 0 or s.rows_per_s <= 0:
+        return 0.0
+    capacity = s.rows_per_s / max(s.busy, 1e-3)
+    return min(1.0, max(0.0, math.log2(max(capacity / throughput, 1.0)) / 4.0))
 
 
 def pad(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,14 @@
-"""``intune pretrain [--steps N] [--out PATH] [--seed S]``: pretrain the agent in the simulator.
+"""``intune pretrain [--rounds R] [--steps N] [--out PATH] [--seed S]``: pretrain the agent in the simulator.
 
-Draws random pipelines (``intune.agent.env.random_sim``) from ``--seed``, trains with
-``intune.agent.dqn.train``, scores the greedy agent on validation pipelines drawn from a different
-seed, and writes the weights, the learning curve (JSON and, with ``--curve``, a PNG). The shipped
-weights were made by the command in ``weights/README.md``. It must not hold the algorithm itself.
+Draws random pipelines from ``--seed`` (``random_sim``: random machines, resizes, memory limits and
+consumers; half of them on the paper's kind of resize schedule), first imitates the oracle
+(``intune.agent.imitation``, DAgger rounds), then fine-tunes with DQN (``intune.agent.dqn.train``,
+``--steps``; 0 skips it: the imitation-only ablation). The greedy agent is scored on validation
+pipelines drawn from a different seed after every round and every ``eval_every`` DQN steps; the
+network written is the best-validated one of the DQN's second half, or the imitation's if no DQN
+network validates better. Writes the weights and the learning curve (JSON and, with ``--curve``, a
+PNG). The shipped weights were made by the command in ``weights/README.md``. It must not hold the
+algorithm itself.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import numpy as np
 import torch
 
 from intune.agent.config import AgentConfig
-from intune.agent.dqn import TrainingLog, train
+from intune.agent.dqn import TrainingLog, new_network, train
 from intune.agent.env import SimEnv, random_sim
 from intune.agent.evaluate import score_episode
+from intune.agent.imitation import ImitationLog, imitate
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
 from intune.bench.results import save_figure
 
@@ -30,7 +36,10 @@ VALIDATION_TICKS = 200
 
 def configure(parser: argparse.ArgumentParser) -> None:
     defaults = AgentConfig()
-    parser.add_argument("--steps", type=int, default=defaults.total_steps, help="vector steps of training")
+    parser.add_argument("--rounds", type=int, default=defaults.imitation_rounds, help="DAgger rounds of imitation")
+    parser.add_argument("--episodes", type=int, default=defaults.imitation_episodes, help="episodes per DAgger round")
+    parser.add_argument("--steps", type=int, default=defaults.total_steps,
+                        help="vector steps of DQN fine-tuning after imitation (0: imitation only)")
     parser.add_argument("--out", default=str(DEFAULT_WEIGHTS), help="where to write the weights")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--envs", type=int, default=defaults.num_envs, help="simulated pipelines in parallel")
@@ -72,28 +81,63 @@ def make_evaluator(config: AgentConfig):
     return evaluate
 
 
-def pretrain(config: AgentConfig, out: str | Path, log=print) -> tuple[Path, TrainingLog]:
-    """Train from scratch with ``config`` and write the weights to ``out``."""
+def training_sim(rng: np.random.Generator, config: AgentConfig, ticks: int):
+    """One pretraining pipeline: half from ``random_sim``, half a random workload on the paper's kind of
+    resize schedule (phases of 20-60 ticks)."""
+    from intune.sim import Simulator, paper_schedule, random_workload
+
+    if rng.random() < 0.5:
+        return random_sim(rng, config, ticks=ticks)
+    schedule = paper_schedule(period_ticks=int(rng.integers(20, 61)))
+    return Simulator(random_workload(rng), cpus=schedule, seed=int(rng.integers(2**31)))
+
+
+def pretrain(config: AgentConfig, out: str | Path, log=print) -> tuple[Path, ImitationLog, TrainingLog | None]:
+    """Train from scratch with ``config`` (imitation, then DQN) and write the weights to ``out``."""
     torch.set_num_threads(1)
-    q, history = train(config, lambda rng: SimEnv(random_sim(rng, config)), make_evaluator(config), log=log)
-    return save_weights(out, q, config), history
+    evaluate = make_evaluator(config)
+    q, imitation = imitate(config, lambda rng: training_sim(rng, config, config.imitation_ticks), new_network(config),
+                           evaluate, log=log)
+    history = None
+    if config.total_steps > 0:
+        imitated = {k: v.clone() for k, v in q.state_dict().items()}
+        q, history = train(config, lambda rng: SimEnv(training_sim(rng, config, config.episode_ticks)), evaluate,
+                           log=log, q=q)
+        best_dqn = max(history.eval_score[len(history.eval_score) // 2:], default=-np.inf)
+        imitated_score = max(imitation.eval_score)
+        if best_dqn <= imitated_score:
+            log(f"DQN fine-tuning validated {best_dqn:.3f} <= imitation's {imitated_score:.3f}: "
+                "keeping the imitation network")
+            q.load_state_dict(imitated)
+            history.best_step = 0
+    return save_weights(out, q, config), imitation, history
 
 
-def plot_curve(history: TrainingLog, path: str | Path, title: str = "InTune agent pretraining") -> Path:
+def plot_curve(imitation: ImitationLog, history: TrainingLog | None, path: str | Path,
+               title: str = "InTune agent pretraining") -> Path:
+    """Validation score (greedy throughput / optimum) after each DAgger round, then along the DQN steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(history.steps, history.episode_reward, label="training: reward per tick (explores)", alpha=0.7)
-    ax.plot(history.eval_steps, history.eval_score, "o-", label="validation: greedy throughput / optimum")
-    ax.axhline(0.95, color="grey", ls=":", lw=1)
-    ax.set_xlabel("vector steps (x envs transitions)")
-    ax.set_ylabel("fraction of the phase optimum")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(title)
-    ax.legend(loc="lower right")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    left.plot(imitation.rounds, imitation.eval_score, "o-", label="validation: greedy throughput / optimum")
+    left.plot(imitation.rounds, imitation.agreement, "s--", label="labels the network agrees with", alpha=0.7)
+    left.set_xlabel("DAgger round")
+    left.set_ylabel("fraction")
+    left.set_title("imitation of the oracle")
+    left.legend(loc="lower right")
+    if history is not None:
+        right.plot(history.steps, history.episode_reward, label="training: reward per tick (explores)", alpha=0.7)
+        right.plot(history.eval_steps, history.eval_score, "o-", label="validation: greedy throughput / optimum")
+        right.legend(loc="lower right")
+    right.set_xlabel("DQN vector steps (x envs transitions)")
+    right.set_title("DQN fine-tuning")
+    for ax in (left, right):
+        ax.axhline(0.95, color="grey", ls=":", lw=1)
+        ax.set_ylim(0, 1.05)
+    fig.suptitle(title)
     return save_figure(fig, path, dpi=110)
 
 
@@ -101,19 +145,20 @@ def run(args: argparse.Namespace) -> int:
     deltas = tuple(int(d) for d in str(args.deltas).split(","))
     if 0 not in deltas:
         raise SystemExit(f"--deltas must include 0 (hold), got {args.deltas}")
-    command = (f"intune pretrain --steps {args.steps} --seed {args.seed} --envs {args.envs} --deltas={args.deltas}"
-               + (" --global-only" if args.global_only else "") + f" --out {args.out}")
+    command = (f"intune pretrain --rounds {args.rounds} --episodes {args.episodes} --steps {args.steps} --seed {args.seed} "
+               f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "") + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
+                         imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, extra={"command": command})
     started = time.time()
-    path, history = pretrain(config, args.out)
-    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB) in {time.time() - started:.0f}s; "
-          f"validation score {max(history.eval_score[len(history.eval_score) // 2:], default=float('nan')):.3f} "
-          f"(network of step {history.best_step})")
+    path, imitation, history = pretrain(config, args.out)
+    seconds = time.time() - started
+    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB) in {seconds:.0f}s; validation after imitation "
+          f"{max(imitation.eval_score):.3f} (round {imitation.best_round})" + (f", DQN network of step {history.best_step}" if history else ""))
     if args.log_json:
         Path(args.log_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.log_json).write_text(json.dumps({"command": command, "seconds": history.seconds,
-                                                   **{k: v for k, v in vars(history).items() if k != "seconds"}}) + "\n")
+        Path(args.log_json).write_text(json.dumps({"command": command, "seconds": seconds, "imitation": vars(imitation),
+                                                   "dqn": vars(history) if history else None}) + "\n")
     if args.curve:
-        print(f"wrote {plot_curve(history, args.curve)}")
+        print(f"wrote {plot_curve(imitation, history, args.curve)}")
     return 0

@@ -1,35 +1,28 @@
-"""A simple teacher for exploration: move workers toward each stage's share of the pipeline's work.
+"""The oracle teacher's labels: per knob, the move toward the simulated workload's optimum.
 
-Random exploration rarely performs the consistent multi-tick reallocations (take from stages with
-slack, give to the bottleneck) that a good policy needs to see rewarded. During pretraining, some
-exploratory knob moves come from this teacher instead of uniformly at random; DQN is off-policy, so
-the agent learns the value of these moves without copying them. The teacher is a pure function of
-the observation: a stage's need is its busy workers (``busy * workers``), and the CPUs are shared in
-proportion to need. It must not be used to act live.
+Used by pretraining only (imitation rounds and the DQN's guided exploration): the target is the
+oracle's allocation, which reads the simulator's true model. The label is what the agent itself could
+do this tick: one action per knob, allowed by the safety mask and resolved jointly under its CPU and
+memory limits. It must not be used to act live.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from intune.observation import Observation
+from intune.policies.safety import SafetyLayer
 
 
-def teacher_moves(obs: Observation, stages: Sequence[str], is_cpu: np.ndarray, values: Sequence[int]) -> np.ndarray:
-    """Wanted change per knob: workers toward ``need_i * cpus / sum(need)``; buffers held (0)."""
-    by_name = {s.name: s for s in obs.stages}
-    need = {s.name: max(s.busy, 0.02) * max(s.workers, 1) for s in obs.stages}
-    total = sum(need.values()) or 1.0
-    out = np.zeros(len(stages))
-    for k, (stage, cpu, value) in enumerate(zip(stages, is_cpu, values)):
-        if cpu and stage in by_name:
-            out[k] = need[stage] * obs.cpus / total - value
-    return out
-
-
-def teacher_scores(moves: np.ndarray, deltas: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Scores that make the delta closest to each wanted move the best choice (ties broken by noise)."""
-    distance = np.abs(moves[:, None] - deltas[None, :])
-    return -distance + 0.01 * rng.random(distance.shape)
+def teacher_choice(safety: SafetyLayer, obs: Observation, values: list[int], target: dict[str, int],
+                   mask: np.ndarray) -> np.ndarray:
+    """Per knob, the allowed action whose move lands closest to ``target`` (on ties, the smaller move),
+    resolved jointly under the CPU and memory limits by ``SafetyLayer.select``."""
+    now = np.asarray(values, dtype=np.float64)
+    goal = np.array([target.get(k.name, v) for k, v in zip(safety.knobs, values, strict=True)], dtype=np.float64)
+    landed = now[:, None] + safety.deltas[None, :] * safety.units(obs)[:, None]
+    scale = np.maximum(safety.units(obs), 1)[:, None]
+    scores = -np.abs(landed - goal[:, None]) / scale - 1e-3 * np.abs(safety.deltas)[None, :]
+    choice = safety.select(scores, mask, obs, values)
+    # over-allocated with no decrease allowed, the joint programme has no feasible answer: hold
+    return np.where(mask[np.arange(len(choice)), choice], choice, safety.zero)

@@ -99,3 +99,149 @@ def write(path: str | os.PathLike[str], text: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out
+
+
+# ------------------------------------------------------------------------------- intune bench agent
+
+
+def _num(value: Any, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _mean_worst_cell(mean: Any, worst: Any, where: Any) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.3f} / {worst:.3f} ({where})"
+
+
+def agent_report(
+    command: str,
+    machine: Mapping[str, Any],
+    context: Sequence[str],
+    summary: Rows,
+    losses: Sequence[str],
+    episodes: Rows,
+    ooms: Rows,
+    decision: Rows,
+) -> str:
+    """``intune bench agent --md``: the per-policy summary, intune against autotune and steer on the
+    held-out specs, its losses beside its wins, every shipped workload, the OOMs, the decision time.
+
+    Every figure is already computed by ``intune.bench.agent``; this only lays them out."""
+    table = [
+        {
+            "policy": r["policy"],
+            "period": r["period"],
+            "shipped: mean / worst": _mean_worst_cell(
+                r["shipped_mean"], r["shipped_worst"], r["shipped_worst_workload"]
+            ),
+            "held-out: mean / worst": _mean_worst_cell(
+                r["held_out_mean"], r["held_out_worst"], r["held_out_worst_workload"]
+            ),
+            "phases at 95% within 30 ticks": (
+                f"{r['phases_within_30']} ({r['phases_within_30_share']:.0%})"
+                if r["phases_within_30_share"] is not None
+                else "-"
+            ),
+            "OOMs": r["ooms"],
+        }
+        for r in summary
+    ]
+    parts = [
+        section(
+            "Summary",
+            [
+                "Ratio to the phase optimum (mean model throughput / mean optimum), the mean weighing each workload",
+                "alike; worst with its workload. Phases: those reaching 95% of their optimum within 30 ticks of their",
+                "start, over every workload. OOMs: ticks killed, over every workload.",
+            ],
+            table,
+        )
+    ]
+    agents = [r for r in summary if "vs_autotune_specs" in r]
+    if agents:
+        parts.append(
+            section(
+                "The agent against autotune and steer on the held-out specs",
+                [
+                    "Per held-out spec where autotune had no OOM: the agent's ratio / autotune's, the worst and how many",
+                    "are below 0.98; and the mean of its ratio / steer's over the held-out specs (- where steer did not run).",
+                ],
+                [
+                    {
+                        "policy": r["policy"],
+                        "period": r["period"],
+                        "/ autotune: worst": (
+                            f"{r['vs_autotune_min']:.3f} ({r['vs_autotune_min_workload']})"
+                            if r["vs_autotune_min"] is not None
+                            else "-"
+                        ),
+                        "below 0.98": f"{r['vs_autotune_below_0.98']} of {r['vs_autotune_specs']}",
+                        "/ steer: mean": _num(r["vs_steer_mean"]),
+                    }
+                    for r in agents
+                ],
+            )
+        )
+    if losses:
+        parts.append(
+            section("Where intune is below autotune or steer (held-out specs, beside its wins)", losses)
+        )
+    shipped = [r for r in episodes if r["group"] == "shipped"]
+    if shipped:
+        policies = list(dict.fromkeys(r["policy"] for r in shipped))
+        cells: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in shipped:
+            line = cells.setdefault(
+                (r["workload"], r["period"]), {"workload": r["workload"], "period": r["period"]}
+            )
+            conv = r["convergence_ticks"]
+            done = sum(c is not None and c <= 30 for c in conv)
+            line[r["policy"]] = f"{r['optimum_ratio']:.3f} · {r['ooms']} · {done}/{len(conv)}"
+        parts.append(
+            section(
+                "Every shipped workload",
+                [
+                    "Cell: ratio to the phase optimum · OOMs · phases at 95% within 30 ticks. Held-out specs: the JSON."
+                ],
+                list(cells.values()),
+                ["workload", "period", *policies],
+            )
+        )
+    if ooms:
+        parts.append(
+            section(
+                "OOMs over randomised tight-memory episodes",
+                [
+                    "The same episodes for each policy: random specs with a tight memory limit, random resizes."
+                ],
+                [
+                    {
+                        "policy": r["policy"],
+                        "episodes": r["episodes"],
+                        "ticks each": r["ticks"],
+                        "OOM ticks": r["ooms"],
+                        "episodes with an OOM": f"{r['episodes_with_oom']} ({r['oom_rate']:.1%})",
+                    }
+                    for r in ooms
+                ],
+            )
+        )
+    if decision:
+        parts.append(
+            section(
+                "Decision time (criteo, 128 CPUs)",
+                ["Wall ms per tick of `policy.step`, and of the runner's clamp and apply of its request."],
+                [
+                    {
+                        "policy": r["policy"],
+                        "step median ms": _num(r["median_ms"], ".3g"),
+                        "step p99 ms": _num(r["p99_ms"], ".3g"),
+                        "clamp median ms": _num(r["clamp_median_ms"], ".3g"),
+                        "clamp p99 ms": _num(r["clamp_p99_ms"], ".3g"),
+                    }
+                    for r in decision
+                ],
+            )
+        )
+    return render(command, machine, context, parts)

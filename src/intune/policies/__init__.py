@@ -1,4 +1,5 @@
-"""Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), intune, oracle.
+"""Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), steer, intune,
+intune+steer, oracle.
 
 ``make(name)`` builds one by name; the classes live one per module so that each algorithm can be read
 on its own. The registry maps names to ``module:Class`` and imports lazily (the agent needs torch).
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from intune.policies.base import ACTION_DELTAS, ClampResult, Policy, clamp_request, even_split
+from intune.policies.base import ClampResult, Policy, clamp_request, even_split
 
 _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "none": ("intune.policies.static", "NonePolicy", {}),
@@ -19,6 +20,8 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "plumber": ("intune.policies.plumber", "PlumberPolicy", {"adaptive": False}),
     "plumber-adaptive": ("intune.policies.plumber", "PlumberPolicy", {"adaptive": True}),
     "intune": ("intune.agent.policy", "IntunePolicy", {}),
+    "steer": ("intune.policies.steer", "SteerPolicy", {}),
+    "intune+steer": ("intune.agent.policy", "network_with_rules", {}),
     "oracle": ("intune.sim.oracle", "OraclePolicy", {}),
 }
 
@@ -35,4 +38,4 @@ def make(name: str, **kwargs: Any) -> Policy:
     return getattr(importlib.import_module(module), cls)(**{**defaults, **kwargs})
 
 
-__all__ = ["ACTION_DELTAS", "ClampResult", "POLICY_NAMES", "SIMULATOR_ONLY", "Policy", "clamp_request", "even_split", "make"]
+__all__ = ["ClampResult", "POLICY_NAMES", "SIMULATOR_ONLY", "Policy", "clamp_request", "even_split", "make"]

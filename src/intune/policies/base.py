@@ -1,8 +1,7 @@
 """The Policy contract and the runner-side clamp that every policy's request passes through.
 
 A policy sees knobs and observations only (DESIGN section 3): it never knows whether the native
-engine, the simulator or an adapter is underneath. This module owns the protocol, the incremental
-action set and ``clamp_request``; it must not hold any policy's algorithm.
+engine, the simulator or an adapter is underneath. This module owns the protocol and ``clamp_request``; it must not hold any policy's algorithm.
 """
 
 from __future__ import annotations
@@ -13,9 +12,6 @@ from typing import Protocol, runtime_checkable
 
 from intune.knobs import Knob
 from intune.observation import Observation
-
-ACTION_DELTAS: tuple[int, ...] = (-5, -1, 0, 1, 5)
-"""The paper's incremental action space, per knob."""
 
 MB = 1 << 20
 

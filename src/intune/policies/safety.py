@@ -10,7 +10,9 @@ then resolves the knobs jointly (decreases first, then increases in order of pre
 CPUs and memory last). ``trim`` goes further than masking: when memory, or what the buffers may hold
 once full, is past the margin, it gives every buffer knob a smaller value that fits, in one tick,
 whatever the network chose (a buffer of 1.5 GB under a 1 GB limit must not shrink a few MB a tick
-while it fills). It must not learn or score actions itself.
+while it fills); ``hard_limits`` applies it with the user's shuffle window as a floor. Also the start:
+``start_allocation`` (the even split or Plumber's estimate, fitted to the memory). It must not learn or
+score actions itself.
 
 Memory is projected pessimistically: every buffer full to its knob's size, and each added worker
 costing an upper confidence bound of what workers were seen to cost (see ``worker_memory_bytes``);
@@ -25,12 +27,14 @@ probe sharpens the estimate, so a tight start never deadlocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from intune.knobs import Knob
 from intune.observation import Observation
+from intune.policies.base import even_split
 
 MB = 1 << 20
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
@@ -204,7 +208,7 @@ class SafetyLayer:
         """Memory if every buffer filled to its knob's size (never less than what is used now)."""
         buffered = {s.name: s.buffered_bytes for s in obs.stages}
         room = sum(max(0.0, v * MB - buffered.get(stage, 0.0))
-                   for stage, v, is_cpu in zip(self._stages, values, self._is_cpu) if not is_cpu)
+                   for stage, v, is_cpu in zip(self._stages, values, self._is_cpu, strict=True) if not is_cpu)
         return obs.memory_used_bytes + room
 
     def memory_budget(self, obs: Observation, values: Sequence[int]) -> float:
@@ -283,7 +287,7 @@ class SafetyLayer:
         item_mb = {s.name: s.bytes_per_item / MB for s in obs.stages}
         size_mb = {s.name: s.buffer_mb for s in obs.stages}
         units = np.array([1 if is_cpu else max(1, int(round(item_mb.get(stage, 0.0))), int(size_mb.get(stage, 0)) // 16)
-                          for stage, is_cpu in zip(self._stages, self._is_cpu)])
+                          for stage, is_cpu in zip(self._stages, self._is_cpu, strict=True)])
         units.flags.writeable = False  # shared by every caller this tick
         self._units = (obs, units)
         return units
@@ -329,6 +333,34 @@ class SafetyLayer:
                 if allowed[k, down].any():
                     allowed[k, ~down] = False
         return allowed
+
+    def memory_comfortable(self, obs: Observation, values: Sequence[int]) -> bool:
+        """Every buffer full would still leave a quarter of the margin free (or there is no limit)."""
+        if obs.memory_limit_bytes <= 0:
+            return True
+        return self.worst_case_memory(obs, values) <= 0.75 * self.margin * obs.memory_limit_bytes
+
+    def hard_limits(self, choice: np.ndarray, obs: Observation, values: Sequence[int],
+                    floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(wanted values, choice)`` after the two limits that act on a whole choice, not one move:
+
+        - a knob does not go below ``floor`` (``shuffle_floor``: the user's shuffle window) while memory
+          is comfortable; when the buffers full would take memory near the limit, it may (the projection
+          misses what starts later, such as a process worker's first chunk);
+        - buffers that cannot fit when full are cut now (``trim``), whatever was chosen (recorded as the
+          largest decrease).
+        """
+        choice = choice.copy()
+        now = np.asarray(values, dtype=np.int64)
+        wanted = now + self.moves(choice, obs)
+        floored = (wanted < floor) & (wanted < now) & self.memory_comfortable(obs, values)
+        wanted = np.where(floored, now, wanted)
+        choice[floored] = self.zero
+        trimmed = self.trim(obs, values)  # never above the current values
+        forced = ~self._is_cpu & (trimmed < now) & (trimmed < wanted)
+        wanted = np.where(forced, trimmed, wanted)
+        choice[forced] = int(np.argmin(self.deltas))
+        return wanted, choice
 
     def _past_margin(self, obs: Observation, budget: float) -> bool:
         """An OOM, memory used past the margin, or buffers that would take it there when full."""
@@ -417,3 +449,41 @@ class SafetyLayer:
             out[k] = picks[k, total]
             total -= int(self.deltas[out[k]])
         return out
+
+
+def shuffle_floor(safety: SafetyLayer, obs: Observation) -> np.ndarray:
+    """Per knob, the least value the policy asks for while memory is comfortable: a shuffle buffer's
+    size as the user set it (it sets how random the order is), every other knob's minimum."""
+    kinds = obs.kinds()
+    return np.array([k.value if k.unit == "mb" and kinds.get(k.stage) == "shuffle" else k.min for k in safety.knobs])
+
+
+def start_allocation(knobs: Mapping[str, Knob], safety: SafetyLayer, obs: Observation, warm_start: str) -> dict[str, int]:
+    """Even split or Plumber's estimate, with buffers cut to fit the memory (``SafetyLayer.trim``) and
+    worker growth trimmed to the memory budget that leaves."""
+    if warm_start == "plumber":
+        from intune.policies import make
+
+        plumber = make("plumber", profile_ticks=1)  # plan from the first observation
+        plumber.reset(knobs, obs)
+        wanted: dict[str, Any] = {**even_split(knobs, obs.cpus), **plumber.step(obs)}
+    else:
+        wanted = even_split(knobs, obs.cpus)
+    values = {n: k.value for n, k in knobs.items()}
+    # buffers the memory cannot hold when full are cut before anything else (the runner applies
+    # decreases first); the workers then grow only into what is left
+    trimmed = dict(zip(values, safety.trim(obs, list(values.values())).tolist(), strict=True))
+    for n, v in trimmed.items():
+        if v < values[n]:
+            wanted[n] = min(int(wanted.get(n, v)), v)
+    after = {n: int(wanted.get(n, v)) if knobs[n].unit == "mb" else v for n, v in values.items()}
+    budget = safety.worker_budget(obs, list(after.values()))
+    per_worker = safety.worker_memory_bytes(obs)
+    growth = sum(max(0, int(v) - values[n]) for n, v in wanted.items() if knobs[n].unit == "cpu")
+    if growth and per_worker > 0 and growth * per_worker > budget:
+        scale = max(0.0, budget) / (growth * per_worker)
+        wanted = {
+            n: (values[n] + int((int(v) - values[n]) * scale) if knobs[n].unit == "cpu" and int(v) > values[n] else int(v))
+            for n, v in wanted.items()
+        }
+    return {n: int(v) for n, v in wanted.items() if int(v) != values[n]}

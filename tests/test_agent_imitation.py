@@ -1,0 +1,74 @@
+"""Imitation of the oracle (DAgger): labels that match a hand computation, and a short run that learns."""
+
+import numpy as np
+import torch
+
+from _knobs import dict_knobs, kind_of
+from intune.agent.config import AgentConfig
+from intune.agent.dqn import new_network
+from intune.agent.evaluate import score_episode
+from intune.agent.imitation import DaggerPolicy, imitate
+from intune.agent.policy import IntunePolicy
+from intune.agent.teacher import teacher_choice
+from intune.observation import Observation, StageObservation
+from intune.policies.safety import SafetyLayer
+from intune.sim.episode import run_episode
+from intune.sim.simulator import Simulator
+from intune.sim.spec import spec_from_dict
+
+MB = 1 << 20
+DELTAS = (-5, -1, 0, 1, 5)
+
+# read is cheap, the UDF costs 7x more: the even split (4 + 4 of 8 CPUs) starves on the UDF
+TINY = spec_from_dict({
+    "name": "tiny",
+    "stages": [{"name": "read", "cpu_us_per_row": 1.0}, {"name": "udf", "mode": "process", "cpu_us_per_row": 7.0}],
+    "machine": {"cpus": 8, "memory_limit_gb": 64, "base_memory_gb": 1, "oversubscription_cost": 0.3},
+})
+
+
+def _obs(values, cpus):
+    stages = tuple(StageObservation(s, values[f"{s}.workers"], 0, 10.0, 1e4, 0.01, 0.01, MB, 0.5, 0.2, 0.3, 0.5, 0.0,
+                                    kind=kind_of(s)) for s in ("read", "udf"))
+    return Observation(1, 1.0, 1e4, 0.0, cpus, 1e9, 64e9, stages)
+
+
+def test_the_teacher_moves_each_knob_toward_the_target_within_the_free_cpus():
+    # 2 + 2 workers on 16 CPUs, target 3 + 12: the udf's +5 lands closest (7 of 12), the reader's +1 (3)
+    knobs, store = dict_knobs({"read.workers": ("cpu", 1, 64, 2), "udf.workers": ("cpu", 1, 64, 2)})
+    safety = SafetyLayer(list(knobs.values()), DELTAS, 0.85)
+    obs = _obs(store, 16.0)
+    values = [2, 2]
+    label = teacher_choice(safety, obs, values, {"read.workers": 3, "udf.workers": 12}, safety.mask(obs, values))
+    assert [DELTAS[a] for a in label] == [1, 5]
+    # on 4 CPUs (0 free), moving a worker from the reader to the udf is the closest the CPUs allow
+    obs = _obs(store, 4.0)
+    label = teacher_choice(safety, obs, values, {"read.workers": 1, "udf.workers": 12}, safety.mask(obs, values))
+    assert [DELTAS[a] for a in label] == [-1, 1]
+    # at the target: hold
+    label = teacher_choice(safety, obs, values, {"read.workers": 2, "udf.workers": 2}, safety.mask(obs, values))
+    assert [DELTAS[a] for a in label] == [0, 0]
+
+
+def test_dagger_labels_every_state_the_learner_reaches_with_an_allowed_action():
+    config = AgentConfig()
+    rng = np.random.default_rng(0)
+    policy = DaggerPolicy(IntunePolicy(network=new_network(config), config=config, online=False), 0.0, rng, 0.0)
+    run_episode(Simulator(TINY, cpus=8, seed=0), policy, 30)
+    assert len(policy.states) == 29  # every tick but the start
+    for _rows, valid, mask, label in policy.states:
+        assert valid.sum() == 2 and mask[np.arange(len(label)), label].all()
+
+
+def test_a_short_imitation_learns_to_feed_the_udf():
+    torch.set_num_threads(1)
+    config = AgentConfig(seed=1, imitation_rounds=3, imitation_episodes=6, imitation_ticks=40, imitation_epochs=20)
+    q, log = imitate(config, lambda rng: Simulator(TINY, cpus=8, seed=int(rng.integers(1 << 30))), new_network(config),
+                     log=lambda _: None)
+    sim = Simulator(TINY, cpus=8, seed=99)
+    optimum = sim.optimum(8)[1]
+    even = sim.true_throughput({"read.workers": 4, "udf.workers": 4})
+    assert even < 0.6 * optimum  # the start is poor
+    score = score_episode(sim, IntunePolicy(network=q, config=config, online=False), ticks=40, seed=1)
+    assert sim.true_throughput() > 1.5 * even and score.ratio > 0.8 and score.ooms == 0
+    assert log.states[-1] > log.states[0]

@@ -1,0 +1,208 @@
+"""``intune bench agent`` on a tiny run (criteo, one held-out spec from each default seed, 20-tick phases,
+heuristic / autotune / oracle): the rows' fields, the summary against the rows by hand, the oracle at
+the optimum, ``--jobs 2`` equal to ``--jobs 1``, the ablation and count checks, the Markdown report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from intune.bench.agent import HELD_OUT_SEEDS, losses, summarize
+from intune.cli import main
+
+TINY = [
+    "bench",
+    "agent",
+    "--workload",
+    "criteo",
+    "--held-out",
+    "1",
+    "--period",
+    "20",
+    "--policies",
+    "heuristic,autotune,oracle,no-such-policy",
+    "--oom-episodes",
+    "3",
+    "--oom-ticks",
+    "15",
+    "--decision-ticks",
+    "15",
+]
+
+
+def _run(tmp, jobs: int, *extra: str) -> dict:
+    out = tmp / f"agent-{jobs}.json"
+    assert main([*TINY, "--jobs", str(jobs), "--json", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench_agent")
+    return _run(tmp, 1, "--md", str(tmp / "agent.md")), tmp
+
+
+def test_rows_carry_the_episode_fields_for_every_workload_and_policy(tiny):
+    payload, _ = tiny
+    rows = [r for r in payload["results"] if r["section"] == "episode"]
+    names = {f"held-out-{s}-0" for s in HELD_OUT_SEEDS} | {"criteo"}
+    assert {(r["workload"], r["policy"]) for r in rows} == {
+        (w, p) for w in names for p in ("heuristic", "autotune", "oracle")
+    }
+    for r in rows:
+        assert {"workload", "policy", "period", "optimum_ratio", "ooms", "convergence_ticks"} <= set(r)
+        assert r["period"] == 20 and len(r["convergence_ticks"]) == 5  # one per phase of 32-64-128-64-32
+        assert r["group"] == ("shipped" if r["workload"] == "criteo" else "held-out")
+    assert "skipped no-such-policy: not in intune.policies.POLICY_NAMES" in payload["notes"]
+    assert [r["policy"] for r in payload["results"] if r["section"] == "ooms"] == ["autotune"]
+    decision = [r for r in payload["results"] if r["section"] == "decision_time"]
+    assert [r["policy"] for r in decision] == ["heuristic", "autotune", "oracle"]
+    assert all(r["median_ms"] >= 0 and r["p99_ms"] >= r["median_ms"] for r in decision)
+
+
+def test_the_oracle_is_at_the_phase_optimum(tiny):
+    payload, _ = tiny
+    oracle = [r for r in payload["results"] if r["section"] == "episode" and r["policy"] == "oracle"]
+    assert len(oracle) == 3
+    for r in oracle:
+        assert 0.93 < r["optimum_ratio"] < 1.03, r
+        assert r["ooms"] == 0
+
+
+def test_summary_is_the_rows_by_hand(tiny):
+    payload, _ = tiny
+    rows = [r for r in payload["results"] if r["section"] == "episode"]
+    summary = {r["policy"]: r for r in payload["results"] if r["section"] == "summary"}
+    assert set(summary) == {"heuristic", "autotune", "oracle"}
+    for name, s in summary.items():
+        mine = [r for r in rows if r["policy"] == name]
+        shipped = [r["optimum_ratio"] for r in mine if r["workload"] == "criteo"]
+        held = {r["workload"]: r["optimum_ratio"] for r in mine if r["workload"] != "criteo"}
+        assert s["period"] == 20 and s["shipped_n"] == 1 and s["held_out_n"] == 2
+        assert s["shipped_mean"] == pytest.approx(shipped[0]) and s["shipped_worst"] == pytest.approx(
+            shipped[0]
+        )
+        assert s["held_out_mean"] == pytest.approx(sum(held.values()) / 2)
+        assert s["held_out_worst"] == pytest.approx(min(held.values()))
+        assert s["held_out_worst_workload"] == min(held, key=held.get)
+        phases = [c for r in mine for c in r["convergence_ticks"]]
+        within = sum(c is not None and c <= 30 for c in phases)
+        assert s["phases_within_30"] == f"{within}/15"
+        assert s["phases_within_30_share"] == pytest.approx(within / 15)
+        assert s["ooms"] == sum(r["ooms"] for r in mine)
+
+
+def _row(workload: str, policy: str, ratio: float, ooms: int = 0) -> dict:
+    group = "shipped" if workload == "criteo" else "held-out"
+    return {
+        "workload": workload,
+        "group": group,
+        "policy": policy,
+        "period": 60,
+        "optimum_ratio": ratio,
+        "ooms": ooms,
+        "convergence_ticks": [0, 31, None],
+    }
+
+
+def test_intune_against_autotune_counts_only_specs_where_autotune_had_no_oom_and_steer_is_a_mean():
+    rows = [
+        _row("criteo", "intune", 0.5),
+        _row("criteo", "autotune", 1.0),  # shipped: not compared
+        _row("h0", "intune", 0.90),
+        _row("h0", "autotune", 1.00),
+        _row("h0", "steer", 0.90),
+        _row("h1", "intune", 0.97),
+        _row("h1", "autotune", 0.98),
+        _row("h1", "steer", 0.97 / 1.1),
+        _row("h2", "intune", 0.50),
+        _row("h2", "autotune", 0.90, ooms=2),
+        _row("h2", "steer", 0.5),
+        _row("h3", "intune", 0.80),
+        _row("h3", "autotune", 0.40),
+    ]
+    s = {r["policy"]: r for r in summarize(rows, ["intune", "autotune", "steer"], [60])}
+    assert s["intune"]["vs_autotune_specs"] == 3  # h2 left out: autotune was killed there
+    assert s["intune"]["vs_autotune_min"] == pytest.approx(0.90)
+    assert s["intune"]["vs_autotune_min_workload"] == "h0"
+    assert s["intune"]["vs_autotune_below_0.98"] == 1  # h0 (0.90); h1 is 0.9898
+    assert s["intune"]["vs_steer_specs"] == 3
+    assert s["intune"]["vs_steer_mean"] == pytest.approx(np.mean([1.0, 1.1, 1.0]))
+    assert "vs_autotune_min" not in s["autotune"]
+    assert s["intune"]["phases_within_30"] == "5/15" and s["intune"]["ooms"] == 0
+    assert s["autotune"]["ooms"] == 2 and s["steer"]["shipped_mean"] is None
+    lines = losses(rows, [60])
+    assert (
+        lines[0]
+        == "- period 60: intune at or above autotune on 1 of 4, at or above steer on 3 of 3 held-out specs."
+    )
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["- h2", "- h0", "- h1"]  # worst first
+    assert "autotune 0.900 (0.556x)" in lines[1]
+
+
+def test_jobs_2_gives_the_results_of_jobs_1(tiny):
+    payload, tmp = tiny
+    again = _run(tmp, 2)
+
+    def stable(p):  # decision times are wall clock
+        return [r for r in p["results"] if r["section"] != "decision_time"]
+
+    assert stable(again) == stable(payload)
+    assert again["jobs"] == 2
+
+
+def test_an_ablation_with_a_missing_file_fails_naming_it(tmp_path):
+    missing = tmp_path / "nowhere.pt"
+    with pytest.raises(SystemExit, match="nowhere.pt"):
+        main(["bench", "agent", "--ablation", f"pm1={missing}", "--held-out", "0", "--jobs", "1"])
+    with pytest.raises(SystemExit, match="NAME=WEIGHTS"):
+        main(["bench", "agent", "--ablation", "pm1", "--jobs", "1"])
+
+
+def test_the_oom_section_is_skipped_at_0_episodes_and_a_negative_count_refused(tmp_path, capsys):
+    base = [
+        "bench",
+        "agent",
+        "--workload",
+        "criteo",
+        "--held-out",
+        "0",
+        "--period",
+        "3",
+        "--policies",
+        "autotune",
+        "--decision-ticks",
+        "0",
+        "--jobs",
+        "1",
+    ]
+    assert main([*base, "--oom-episodes", "0"]) == 0
+    assert "tight-memory" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--oom-episodes must be >= 0"):
+        main([*base, "--oom-episodes", "-1"])
+
+
+def test_the_md_report_opens_with_the_summary_table(tiny):
+    _, tmp = tiny
+    text = (tmp / "agent.md").read_text()
+    lines = text.splitlines()
+    assert lines[0].startswith("# `intune bench agent")
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[0] == "## Summary"
+    assert (
+        "## Every shipped workload" in headings
+        and "## OOMs over randomised tight-memory episodes" in headings
+    )
+    header = next(line for line in lines if line.startswith("| policy") and "shipped: mean / worst" in line)
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "policy",
+        "period",
+        "shipped: mean / worst",
+        "held-out: mean / worst",
+        "phases at 95% within 30 ticks",
+        "OOMs",
+    ]
+    assert any(line.startswith("| oracle") and "(criteo)" in line for line in lines)
+    assert "skipped no-such-policy" in text
