@@ -122,24 +122,27 @@ def test_intune_against_autotune_counts_only_specs_where_autotune_had_no_oom_and
         _row("h2", "steer", 0.5),
         _row("h3", "intune", 0.80),
         _row("h3", "autotune", 0.40),
+        _row("h4", "intune", 0.30),
+        _row("h4", "autotune", 0.0, ooms=3),  # killed: a ratio of 0, no loss to divide by
+        _row("h4", "steer", 0.60),
     ]
     s = {r["policy"]: r for r in summarize(rows, ["intune", "autotune", "steer"], [60])}
     assert s["intune"]["vs_autotune_specs"] == 3  # h2 left out: autotune was killed there
     assert s["intune"]["vs_autotune_min"] == pytest.approx(0.90)
     assert s["intune"]["vs_autotune_min_workload"] == "h0"
     assert s["intune"]["vs_autotune_below_0.98"] == 1  # h0 (0.90); h1 is 0.9898
-    assert s["intune"]["vs_steer_specs"] == 3
-    assert s["intune"]["vs_steer_mean"] == pytest.approx(np.mean([1.0, 1.1, 1.0]))
+    assert s["intune"]["vs_steer_specs"] == 4
+    assert s["intune"]["vs_steer_mean"] == pytest.approx(np.mean([1.0, 1.1, 1.0, 0.5]))
     assert "vs_autotune_min" not in s["autotune"]
-    assert s["intune"]["phases_within_30"] == "5/15" and s["intune"]["ooms"] == 0
-    assert s["autotune"]["ooms"] == 2 and s["steer"]["shipped_mean"] is None
+    assert s["intune"]["phases_within_30"] == "6/18" and s["intune"]["ooms"] == 0
+    assert s["autotune"]["ooms"] == 5 and s["steer"]["shipped_mean"] is None
     lines = losses(rows, [60])
     assert (
         lines[0]
-        == "- period 60: intune at or above autotune on 1 of 4, at or above steer on 3 of 3 held-out specs."
+        == "- period 60: intune at or above autotune on 2 of 5, at or above steer on 3 of 4 held-out specs."
     )
-    assert [line.split(":")[0].strip() for line in lines[1:]] == ["- h2", "- h0", "- h1"]  # worst first
-    assert "autotune 0.900 (0.556x)" in lines[1]
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["- h4", "- h2", "- h0", "- h1"]  # worst first
+    assert "steer 0.600 (0.500x)" in lines[1] and "autotune 0.900 (0.556x)" in lines[2]
 
 
 def test_jobs_2_gives_the_results_of_jobs_1(tiny):

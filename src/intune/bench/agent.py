@@ -381,8 +381,11 @@ def losses(rows: list[dict[str, Any]], periods: Sequence[int], name: str = "intu
                 if w in theirs and r["optimum_ratio"] < theirs[w]["optimum_ratio"]
             ]
             if hits:
+                # only rivals above this row (so above 0): a rival killed by OOMs at 0 is no loss
                 worst = min(
-                    r["optimum_ratio"] / rivals[p][w]["optimum_ratio"] for p in rivals if w in rivals[p]
+                    r["optimum_ratio"] / theirs[w]["optimum_ratio"]
+                    for theirs in rivals.values()
+                    if w in theirs and r["optimum_ratio"] < theirs[w]["optimum_ratio"]
                 )
                 below.append((worst, f"  - {w}: {name} {r['optimum_ratio']:.3f}; " + ", ".join(hits)))
         lines += [line for _, line in sorted(below)]
