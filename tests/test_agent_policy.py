@@ -1,6 +1,6 @@
 """The shipped agent as a Policy: weights load safely, it runs on the simulator, its requests are valid.
 
-Its decision time (under 1 ms) is measured by the slow tests here and by ``python -m intune.agent.benchmark``.
+Its decision time (under 1 ms) is measured by the slow tests here and by ``intune bench agent``.
 """
 
 import threading
@@ -107,7 +107,7 @@ def test_decisions_on_a_background_thread_are_valid_requests():
 
 @pytest.mark.slow
 def test_decision_takes_under_a_millisecond():
-    # the same measurement as `python -m intune.agent.benchmark` reports (criteo, 128 CPUs); the best of
+    # the same measurement as `intune bench agent` reports (criteo, 128 CPUs); the best of
     # three medians, as timeit takes the best of its repeats: this shared machine's noise alone moved one
     # median from 0.6 to 1.07 ms between back-to-back runs. The collector is paused, as timeit does: in
     # the full suite, the garbage of earlier tests is collected in the middle of the timed decisions
