@@ -26,6 +26,7 @@ from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
 from intune.agent.teacher import teacher_choice
 from intune.observation import Observation
+from intune.sim.oracle import OraclePolicy
 
 TEACHER_REFRESH_TICKS = 30  # drift moves the optimum slowly: the teacher re-searches it this often
 
@@ -46,26 +47,17 @@ class DaggerPolicy:
         self.teacher_share = teacher_share
         self.rng = rng
         self.random_start = random_start
-        self.refresh_ticks = refresh_ticks
+        self.teacher = OraclePolicy(refresh_ticks=refresh_ticks)
         self.states: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def bind_simulator(self, sim) -> None:
-        self.sim = sim
+        self.teacher.bind_simulator(sim)
 
     def reset(self, knobs, observation: Observation) -> None:
         self.knobs = knobs
         self.student.reset(knobs, observation)
-        self._cpus: float | None = None
-        self._since = 0
-        self._target: dict[str, int] = {}
+        self.teacher.reset(knobs, observation)
         self._first = True
-
-    def _teacher_target(self, obs: Observation) -> dict[str, int]:
-        self._since += 1
-        if obs.cpus != self._cpus or self._since >= self.refresh_ticks:
-            self._target, _ = self.sim.optimum(int(obs.cpus))
-            self._cpus, self._since = obs.cpus, 0
-        return self._target
 
     def step(self, observation: Observation) -> dict[str, int]:
         if self._first:
@@ -76,7 +68,7 @@ class DaggerPolicy:
             return start
         request = self.student.step(observation)
         safety, values, mask = self.student.safety, [k.value for k in self.student.safety.knobs], self.student.last_mask
-        label = teacher_choice(safety, observation, values, self._teacher_target(observation), mask)
+        label = teacher_choice(safety, observation, values, self.teacher.target(observation), mask)
         rows, valid = self.student.chooser.last
         n = len(values)
         padded_mask = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=bool)

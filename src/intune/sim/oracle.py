@@ -415,9 +415,13 @@ class OraclePolicy:
         self._since = 0
         self._target: dict[str, int] = {}
 
-    def step(self, observation: Observation) -> dict[str, int]:
+    def target(self, observation: Observation) -> dict[str, int]:
+        """The optimum's knob values, searched again at a CPU change and every ``refresh_ticks`` calls."""
         self._since += 1
         if observation.cpus != self._cpus or self._since >= self.refresh_ticks:
             self._target, _ = self.sim.optimum(int(observation.cpus))
             self._cpus, self._since = observation.cpus, 0
-        return {k: v for k, v in self._target.items() if self._knobs[k].value != v}
+        return self._target
+
+    def step(self, observation: Observation) -> dict[str, int]:
+        return {k: v for k, v in self.target(observation).items() if self._knobs[k].value != v}
