@@ -1,6 +1,7 @@
 """Imitation of the oracle (DAgger): labels that match a hand computation, and a short run that learns."""
 
 import numpy as np
+import pytest
 import torch
 
 from _knobs import dict_knobs, kind_of
@@ -9,7 +10,7 @@ from intune.agent.dqn import new_network
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import DaggerPolicy, imitate
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import teacher_choice
+from intune.agent.teacher import label_weights, teacher_choice
 from intune.observation import Observation, StageObservation
 from intune.policies.safety import SafetyLayer
 from intune.sim.episode import run_episode
@@ -50,14 +51,29 @@ def test_the_teacher_moves_each_knob_toward_the_target_within_the_free_cpus():
     assert [DELTAS[a] for a in label] == [0, 0]
 
 
+def test_a_label_weighs_the_throughput_its_knob_loses_if_it_stays():
+    # throughput 1000 - (a - 5)^2 - 40 * max(0, 10 - b): the target a=5, b=10 makes 1000
+    def throughput_of(alloc):
+        return 1000.0 - (alloc["a"] - 5) ** 2 - 40.0 * max(0, 10 - alloc["b"])
+
+    target = {"a": 5, "b": 10}
+    # a at 7 alone loses 4/1000 = 0.004 -> 0.004 / 0.02 = 0.2; b at its target weighs the floor
+    assert label_weights(throughput_of, target, ["a", "b"], [7, 10], 0.02, 0.05) == pytest.approx([0.2, 0.05])
+    # b at 9 alone loses 40/1000 = 0.04, past the full-weight loss: 1; a at 6 loses 0.001 -> 0.05 (the floor)
+    assert label_weights(throughput_of, target, ["a", "b"], [6, 9], 0.02, 0.05) == pytest.approx([0.05, 1.0])
+    # more workers than the target that cost nothing weigh the floor too
+    assert label_weights(throughput_of, target, ["a", "b"], [5, 20], 0.02, 0.05) == pytest.approx([0.05, 0.05])
+
+
 def test_dagger_labels_every_state_the_learner_reaches_with_an_allowed_action():
     config = AgentConfig()
     rng = np.random.default_rng(0)
     policy = DaggerPolicy(IntunePolicy(network=new_network(config), config=config, online=False), 0.0, rng, 0.0)
     run_episode(Simulator(TINY, cpus=8, seed=0), policy, 30)
     assert len(policy.states) == 29  # every tick but the start
-    for _rows, valid, mask, label in policy.states:
+    for _rows, valid, mask, label, weight in policy.states:
         assert valid.sum() == 2 and mask[np.arange(len(label)), label].all()
+        assert ((weight[:2] >= 0.05) & (weight[:2] <= 1)).all() and (weight[2:] == 0).all()
 
 
 def test_a_short_imitation_learns_to_feed_the_udf():

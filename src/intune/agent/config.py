@@ -86,6 +86,14 @@ class AgentConfig:
     imitation_learning_rate: float = 2e-3
     """Adam learning rate of the imitation rounds."""
 
+    imitation_full_weight_loss: float = 0.02
+    """A label weighs 1 when leaving its knob where it is would lose this share of the optimum's
+    throughput; less in proportion (``teacher.label_weights``)."""
+
+    imitation_min_weight: float = 0.05
+    """The weight of a label whose knob's distance from the target costs nothing (at the target, or on
+    a flat optimum): it still counts, a little."""
+
     max_grad_norm: float = 10.0
     """Gradient clipping norm (Huber loss already bounds the per-sample gradient)."""
 

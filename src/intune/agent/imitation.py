@@ -6,8 +6,11 @@ true optimum (``intune.sim.oracle``) and labels every state with, per knob, the 
 move lands closest to the optimum's value (jointly resolved under the safety mask, as the agent's own
 choices are). DAgger (Ross et al. 2011): round 0 rolls out the teacher; later rounds roll out the
 learner (with a share of teacher ticks) and the teacher labels the states the learner reaches, so the
-network learns to recover from its own mistakes. Every rollout goes through ``intune.sim.run_episode``
-(the one runner). It must not be used live: the teacher reads the simulator's true model.
+network learns to recover from its own mistakes. Each label is weighted by what it is worth
+(``teacher.label_weights``: the throughput lost if that knob stayed put), so that a bottleneck's move
+outweighs the exact value of a knob on a flat optimum. Every rollout goes through
+``intune.sim.run_episode`` (the one runner). It must not be used live: the teacher reads the
+simulator's true model.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS
 from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import teacher_choice
+from intune.agent.teacher import label_weights, teacher_choice
 from intune.observation import Observation
 from intune.sim.oracle import OraclePolicy
 
@@ -34,7 +37,7 @@ TEACHER_REFRESH_TICKS = 30  # drift moves the optimum slowly: the teacher re-sea
 class DaggerPolicy:
     """The learner, with the oracle teacher labelling every state and acting on a share of the ticks.
 
-    ``states`` collects ``(rows, valid, mask, label)`` padded to ``MAX_KNOBS``. A run starts at the
+    ``states`` collects ``(rows, valid, mask, label, weight)`` padded to ``MAX_KNOBS``. A run starts at the
     even split or, with ``random_start``, at a random allocation (asked of the runner like any request),
     so that the network also learns to recover from allocations it would never choose.
     """
@@ -44,6 +47,7 @@ class DaggerPolicy:
     def __init__(self, student: IntunePolicy, teacher_share: float, rng: np.random.Generator,
                  random_start: float, refresh_ticks: int = TEACHER_REFRESH_TICKS) -> None:
         self.student = student
+        self.sim = None
         self.teacher_share = teacher_share
         self.rng = rng
         self.random_start = random_start
@@ -51,6 +55,7 @@ class DaggerPolicy:
         self.states: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def bind_simulator(self, sim) -> None:
+        self.sim = sim
         self.teacher.bind_simulator(sim)
 
     def reset(self, knobs, observation: Observation) -> None:
@@ -68,7 +73,11 @@ class DaggerPolicy:
             return start
         request = self.student.step(observation)
         safety, values, mask = self.student.safety, [k.value for k in self.student.safety.knobs], self.student.last_mask
-        label = teacher_choice(safety, observation, values, self.teacher.target(observation), mask)
+        target = self.teacher.target(observation)
+        label = teacher_choice(safety, observation, values, target, mask)
+        config = self.student.config
+        weight = label_weights(self.sim.true_throughput, target, [k.name for k in safety.knobs], values,
+                               config.imitation_full_weight_loss, config.imitation_min_weight)
         rows, valid = self.student.chooser.last
         n = len(values)
         padded_mask = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=bool)
@@ -76,7 +85,9 @@ class DaggerPolicy:
         padded_mask[n:, safety.zero] = True
         padded_label = np.full(MAX_KNOBS, safety.zero, dtype=np.int64)
         padded_label[:n] = label
-        self.states.append((rows, valid, padded_mask, padded_label))
+        padded_weight = np.zeros(MAX_KNOBS, dtype=np.float32)
+        padded_weight[:n] = weight
+        self.states.append((rows, valid, padded_mask, padded_label, padded_weight))
         if self.rng.random() < self.teacher_share:
             wanted, choice = safety.hard_limits(label, observation, values, self.student.floor)
             self.student.chooser.builder.applied(safety.deltas[choice])
@@ -102,23 +113,23 @@ class ImitationLog:
     rounds: list[int] = field(default_factory=list)
     states: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
-    agreement: list[float] = field(default_factory=list)  # share of knob labels the network's argmax matches
+    agreement: list[float] = field(default_factory=list)  # weighted share of knob labels the network's argmax matches
     eval_score: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     best_round: int = -1  # the round whose network is returned (-1: the last, without validation)
 
 
-def imitation_loss(q: BranchingQNetwork, rows, valid, mask, label) -> tuple[torch.Tensor, float]:
+def imitation_loss(q: BranchingQNetwork, rows, valid, mask, label, weight) -> tuple[torch.Tensor, float]:
     """Cross-entropy of each real knob's masked Q-values (as logits) against the teacher's action,
-    and the share of knobs whose argmax already agrees."""
+    weighted by the label's ``weight``; and the weighted share of knobs whose argmax already agrees."""
     logits = q(rows, valid).masked_fill(~mask, -1e9)
     per_knob = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), label.reshape(-1), reduction="none")
-    weights = valid.reshape(-1).float()
-    agree = ((logits.argmax(-1) == label).float().reshape(-1) * weights).sum() / weights.sum().clamp_min(1.0)
-    return (per_knob * weights).sum() / weights.sum().clamp_min(1.0), float(agree)
+    weights = valid.reshape(-1).float() * weight.reshape(-1)
+    agree = ((logits.argmax(-1) == label).float().reshape(-1) * weights).sum() / weights.sum().clamp_min(1e-9)
+    return (per_knob * weights).sum() / weights.sum().clamp_min(1e-9), float(agree)
 
 
-def fit(q: BranchingQNetwork, data: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], config: AgentConfig,
+def fit(q: BranchingQNetwork, data: list[tuple[np.ndarray, ...]], config: AgentConfig,
         optimizer: torch.optim.Optimizer, rng: np.random.Generator, batch: int = 256) -> tuple[float, float]:
     """``imitation_epochs`` passes of minibatch cross-entropy over ``data``; returns the last epoch's
     mean loss and agreement."""
@@ -126,13 +137,14 @@ def fit(q: BranchingQNetwork, data: list[tuple[np.ndarray, np.ndarray, np.ndarra
     valid = torch.from_numpy(np.stack([d[1] for d in data]))
     mask = torch.from_numpy(np.stack([d[2] for d in data]))
     label = torch.from_numpy(np.stack([d[3] for d in data]))
+    weight = torch.from_numpy(np.stack([d[4] for d in data]))
     losses, agrees = [], []
     for _ in range(config.imitation_epochs):
         order = rng.permutation(len(data))
         losses, agrees = [], []
         for start in range(0, len(order), batch):
             idx = torch.from_numpy(order[start : start + batch])
-            loss, agree = imitation_loss(q, rows[idx], valid[idx], mask[idx], label[idx])
+            loss, agree = imitation_loss(q, rows[idx], valid[idx], mask[idx], label[idx], weight[idx])
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(q.parameters(), config.max_grad_norm)
@@ -157,7 +169,7 @@ def imitate(
 
     rng = np.random.default_rng(config.seed + 17)
     optimizer = torch.optim.Adam(q.parameters(), lr=config.imitation_learning_rate)
-    data: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    data: list[tuple[np.ndarray, ...]] = []
     history = ImitationLog()
     best_score, best_state = -np.inf, None
     started = time.perf_counter()

@@ -1,12 +1,16 @@
-"""The oracle teacher's labels: per knob, the move toward the simulated workload's optimum.
+"""The oracle teacher's labels: per knob, the move toward the simulated workload's optimum, and its weight.
 
 Used by pretraining only (imitation rounds and the DQN's guided exploration): the target is the
 oracle's allocation, which reads the simulator's true model. The label is what the agent itself could
 do this tick: one action per knob, allowed by the safety mask and resolved jointly under its CPU and
-memory limits. It must not be used to act live.
+memory limits. The weight says how much that label matters: near a flat optimum many allocations are
+as good as the oracle's, and its exact values there cannot be read from any observation, so those
+labels must not weigh as much as the move of a bottleneck. It must not be used to act live.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -26,3 +30,22 @@ def teacher_choice(safety: SafetyLayer, obs: Observation, values: list[int], tar
     choice = safety.select(scores, mask, obs, values)
     # over-allocated with no decrease allowed, the joint programme has no feasible answer: hold
     return np.where(mask[np.arange(len(choice)), choice], choice, safety.zero)
+
+
+def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str], values: Sequence[int],
+                  full_weight_loss: float, floor: float) -> np.ndarray:
+    """Per knob, the share of the optimum's throughput lost if only this knob stayed at its value (every
+    other knob at the target), divided by ``full_weight_loss`` and clipped to ``[floor, 1]``.
+
+    ``throughput_of(allocation)`` is the true model's throughput (``Simulator.true_throughput``). A knob
+    already at its target, or whose distance from it costs nothing, weighs ``floor``; one whose distance
+    costs ``full_weight_loss`` of the optimum or more weighs 1 (cost-sensitive imitation: the network
+    spends its capacity on the moves that matter).
+    """
+    best = throughput_of(dict(target))
+    loss = np.zeros(len(names))
+    if best > 0:
+        for i, (name, value) in enumerate(zip(names, values, strict=True)):
+            if target.get(name, value) != value:
+                loss[i] = max(0.0, 1.0 - throughput_of({**target, name: value}) / best)
+    return np.clip(loss / full_weight_loss, floor, 1.0).astype(np.float32)
