@@ -54,7 +54,11 @@ class Tuner:
         self.policy = policy
         self.tick_s = float(tick_s)
         self.reward_scale = reward_scale
-        self.monitor = monitor or Monitor()
+        if monitor is None:  # one rank of several on this machine tunes for its share of it
+            from intune.pipeline.sharding import monitor_for
+
+            monitor = monitor_for(pipe)
+        self.monitor = monitor
         self._history: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -20,6 +20,10 @@ naming the file, the true 1-based line (lines end at ``\\n``) and the problem; `
 line and counts it (``skipped_lines``, shown as the read stage's ``skipped``), keeps the first
 ``SKIPPED_KEPT`` as ``(file, line, problem)`` in ``skipped_examples`` and logs each of those as a
 warning. Empty lines hold no row: both paths ignore them, uncounted.
+
+With a ``sharding.Shard`` the rows of every block are counted first (one pass over the files, once per
+source), so that each rank reads only the blocks of its range of rows; a block whose malformed lines
+were skipped repeats its own rows to keep the rank's count.
 This module must not know about threads or stages.
 """
 
@@ -36,6 +40,7 @@ import numpy as np
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment
 from intune.pipeline.errors import SourceError
+from intune.pipeline.sharding import Shard, pad_to, range_slices
 from intune.pipeline.sources import Source, split_rows
 
 INT_COLUMNS = [f"I{i}" for i in range(1, 14)]
@@ -175,6 +180,13 @@ def int64_problem(value: bytes) -> str | None:
     return None
 
 
+def count_rows(data: bytes) -> int:
+    """Rows that complete lines ``data`` hold: its non-empty lines, split as pyarrow splits them."""
+    if b"\r" not in data and b"\n\n" not in data and not data.startswith(b"\n"):
+        return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    return sum(1 for line in data.splitlines() if line)
+
+
 def line_problem(line: bytes) -> str | None:
     """Why a single non-empty line is malformed, or None if the fast parser accepts it.
 
@@ -204,8 +216,12 @@ class CriteoTsvSource(Source):
 
     name = "criteo"
 
-    def __init__(self, paths: list[str], chunk_rows: int, on_error: str, block_bytes: int) -> None:
+    def __init__(
+        self, paths: list[str], chunk_rows: int, on_error: str, block_bytes: int, shard: Shard | None = None
+    ) -> None:
         self.paths = paths
+        self.shard = shard if shard is not None and shard.world_size > 1 else None
+        self._slices: list[tuple[int, int, int]] | None = None  # this rank's (block, lo, hi), sharded
         self.chunk_rows = chunk_rows
         self.on_error = on_error
         self.block_bytes = block_bytes
@@ -228,7 +244,10 @@ class CriteoTsvSource(Source):
                     for start in range(0, max(size, 1), self.block_bytes):
                         plan.append((f, start, min(size, start + self.block_bytes)))
                 self._plan = plan
-            return len(self._plan)
+                if self.shard is not None:  # rows per block are not known without counting the lines
+                    counts = [count_rows(self._read_block(unit)[0]) for unit in range(len(plan))]
+                    self._slices = range_slices(counts, self.shard)
+            return len(self._plan) if self._slices is None else len(self._slices)
 
     def _read_block(self, unit: int) -> tuple[bytes, int]:
         assert self._plan is not None
@@ -250,15 +269,27 @@ class CriteoTsvSource(Source):
         return data, first
 
     def read_unit(self, unit: int) -> list[Item]:
+        lo = 0
+        if self._slices is not None:  # a sharded unit: rows lo..hi-1 of a block
+            unit, lo, hi = self._slices[unit]
         data, first = self._read_block(unit)
         self._starts[unit] = first
         try:
             chunk = parse_block(data)
         except MalformedBlock:
             chunk = self._parse_slowly(unit, data, first)
+        if self._slices is not None:
+            chunk = {name: column[lo:hi] for name, column in chunk.items()}
+            # lines skipped (on_error="skip") leave the block short: repeat its rows to keep the count
+            assert self._plan is not None
+            where = f"Criteo TSV file {self.paths[self._plan[unit][0]]!r} (rank {self.shard.rank})"
+            short = hi - lo - len(chunk["label"])
+            if short > 0:
+                log.warning("%s: %d skipped line(s) made up by repeating rows of the same block", where, short)
+                chunk = pad_to(chunk, hi - lo, where)
 
-        def origin(lo: int, hi: int) -> Origin:
-            return Origin((Segment(self, unit, lo, hi),))
+        def origin(a: int, b: int) -> Origin:
+            return Origin((Segment(self, unit, lo + a, lo + b),))
 
         return split_rows(chunk, origin, self.chunk_rows)
 
@@ -351,4 +382,5 @@ class CriteoTsvSource(Source):
         assert self._plan is not None
         path = self.paths[self._plan[unit][0]]
         base = self._line_base(unit)
-        return f"{path} lines {base + lo + 1}-{base + hi}"
+        lines = f"line {base + hi}" if hi - lo == 1 else f"lines {base + lo + 1}-{base + hi}"
+        return f"{path} {lines}"

@@ -1,10 +1,11 @@
 """The ``Pipeline``: the builder users chain, its knobs and metrics, and the epochs it runs.
 
 Owns the public API (``from_parquet`` / ``from_iterable`` / ``from_criteo_tsv``, ``shuffle``, ``map``,
-``batch``, ``prefetch``, iteration, ``knobs``, ``metrics``, ``close``), starting and ending epochs
-(``epoch`` runs them) and shutdown. Builder methods append a stage and return the same pipeline.
-It must not contain stage algorithms (``stages``, ``shuffle``, ``batcher``) or source formats
-(``sources``, ``criteo``).
+``map_rows``, ``batch``, ``prefetch``, iteration, ``to_tf_dataset``, ``knobs``, ``metrics``, ``close``),
+starting and ending epochs (``epoch`` runs them) and shutdown. Builder methods append a stage and
+return the same pipeline. It must not contain stage algorithms (``stages``, ``shuffle``, ``batcher``,
+``row_map``), source formats or sharding (``sources``, ``criteo``, ``sharding``) or adapters
+(``intune.integrations``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from intune.pipeline.epoch import ConsumerStats, Epoch, EpochIterator
 from intune.pipeline.metrics import PipelineMetrics
 from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
+from intune.pipeline.sharding import Shard, resolve_shard
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
 from intune.pipeline.stages import STALL_AFTER_S, MapStage, ReadStage, Stage, check_int, check_seconds
@@ -70,7 +72,9 @@ class Pipeline:
         max_mb: int | None = None,
         name: str = "read",
         stall_after_s: float = STALL_AFTER_S,
+        shard: Shard | None = None,
     ) -> None:
+        self.shard = shard  # this rank's part of the data and of the machine (``sharding``); None: all
         self.deterministic = bool(deterministic)
         self.stall_after_s = check_seconds("stall_after_s", stall_after_s)
         self.max_workers = check_int(
@@ -99,6 +103,10 @@ class Pipeline:
         strings: str = "bytes",
         schema: Mapping[str, Any] | None = None,
         widen: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        uneven: str = "pad",
+        local_world_size: int | None = None,
         **options: Any,
     ) -> Pipeline:
         """Parquet files (a glob or paths), read a row group per unit in chunks of <= ``chunk_rows``.
@@ -119,15 +127,25 @@ class Pipeline:
         differ as one type that holds every value exactly (int32 and int64 as int64); ``schema``
         (``{column: dtype}``) states the types to read, converted where every value survives.
         Options: ``deterministic``, ``max_workers``, ``max_mb`` (see ``Pipeline``).
+
+        Data-parallel training: ``rank`` of ``world_size`` (default ``$RANK`` / ``$WORLD_SIZE``, as
+        ``torchrun`` sets them) reads one contiguous range of the files' rows, the same number of rows
+        on every rank (``uneven="pad"`` repeats a first row on the ranks one short, ``"drop"`` leaves out
+        the last row of the ranks one long, as ``DistributedSampler`` does); ``local_world_size``
+        (default ``$LOCAL_WORLD_SIZE``, else ``world_size``) ranks share this machine, and each one's
+        tuner budgets its share of it. See ``intune.pipeline.sharding``.
         """
+        shard = resolve_shard("from_parquet", rank, world_size, uneven, local_world_size)
         chunk_rows = check_int("chunk_rows", chunk_rows, 1)
         if strings not in STRINGS:
             raise ValueError(f"from_parquet: strings must be one of {list(STRINGS)}, got {strings!r}")
         given = Schema.given(schema) if schema is not None else None
         if given is not None and columns is not None and list(columns) != list(given.columns):
             raise ValueError(f"from_parquet: columns {list(columns)} and schema {list(given.columns)} differ")
-        source = ParquetSource(expand_paths(glob_or_paths), columns, chunk_rows, strings, given, bool(widen))
-        return cls(source, **options)
+        source = ParquetSource(
+            expand_paths(glob_or_paths), columns, chunk_rows, strings, given, bool(widen), shard
+        )
+        return cls(source, shard=shard, **options)
 
     @classmethod
     def from_iterable(
@@ -136,15 +154,25 @@ class Pipeline:
         name: str = "read",
         schema: Mapping[str, Any] | None = None,
         widen: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        uneven: str = "pad",
+        local_world_size: int | None = None,
         **options: Any,
     ) -> Pipeline:
         """Any chunks: an iterable re-iterated each epoch, or a callable returning one per epoch.
 
         The first chunk fixes the schema (or ``schema`` states it); a later chunk with other columns or
         types raises ``SchemaError`` naming it, unless ``widen`` (or a given schema) allows a type that
-        holds every value exactly."""
+        holds every value exactly.
+
+        ``rank`` / ``world_size`` / ``uneven`` / ``local_world_size``: as in ``from_parquet``; every rank
+        iterates every chunk and keeps its contiguous share of each (about ``1 / world_size`` of its
+        rows), so chunks should hold many times ``world_size`` rows. A callable that already yields only
+        this rank's data should be read with ``world_size=1``."""
+        shard = resolve_shard("from_iterable", rank, world_size, uneven, local_world_size)
         given = Schema.given(schema) if schema is not None else None
-        return cls(IterableSource(chunks, name, given, bool(widen)), name=name, **options)
+        return cls(IterableSource(chunks, name, given, bool(widen), shard), name=name, shard=shard, **options)
 
     @classmethod
     def from_criteo_tsv(
@@ -153,16 +181,26 @@ class Pipeline:
         chunk_rows: int = 8192,
         on_error: str = "raise",
         block_bytes: int = 8 << 20,
+        rank: int | None = None,
+        world_size: int | None = None,
+        uneven: str = "pad",
+        local_world_size: int | None = None,
         **options: Any,
     ) -> Pipeline:
-        """Raw Criteo TSV files; see ``intune.pipeline.criteo`` for the columns produced."""
+        """Raw Criteo TSV files; see ``intune.pipeline.criteo`` for the columns produced.
+
+        ``rank`` / ``world_size`` / ``uneven`` / ``local_world_size``: as in ``from_parquet``. The rows
+        of every block are counted first (one read of every file, once per pipeline), because a TSV file
+        does not say how many rows it holds; Parquet does."""
         from intune.pipeline.criteo import CriteoTsvSource
 
+        shard = resolve_shard("from_criteo_tsv", rank, world_size, uneven, local_world_size)
         chunk_rows = check_int("chunk_rows", chunk_rows, 1)
         block_bytes = check_int("block_bytes", block_bytes, 1024)
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        return cls(CriteoTsvSource(expand_paths(paths), chunk_rows, on_error, block_bytes), **options)
+        source = CriteoTsvSource(expand_paths(paths), chunk_rows, on_error, block_bytes, shard)
+        return cls(source, shard=shard, **options)
 
     # ---- stages ----------------------------------------------------------------------------------
     def shuffle(
@@ -233,6 +271,32 @@ class Pipeline:
             name = "map" if "map" not in self.stage_names() else f"map{len(self._stages)}"
         return self._add(MapStage(fn, name, mode, on_error, self.max_workers, workers, timeout_s))
 
+    def map_rows(
+        self,
+        fn: Callable[[dict[str, Any]], Mapping[str, Any]],
+        name: str | None = None,
+        mode: str = "process",
+        on_error: str = "raise",
+        workers: int = 1,
+        timeout_s: float | None = None,
+    ) -> Pipeline:
+        """Apply ``fn`` (one row -> one row) to every row, in ``process`` (default) or ``thread`` workers.
+
+        ``fn`` gets a dict of the row's values (numpy scalars; array views for array columns) and
+        returns a dict of scalars or fixed-size arrays, the same keys and types for every row; the
+        outputs are stacked into columns. It runs over whole chunks in the stage's workers
+        (``<name>.workers``, a knob the tuner sets as for ``map``). A row whose function raises fails
+        the epoch with ``StageError`` naming the stage, the row's source and values and the function's
+        traceback, or with ``on_error="skip"`` is left out and counted (``skipped`` counts rows). A
+        broken contract (not a dict; keys or types that change between rows) always raises. See
+        ``intune.pipeline.row_map``.
+        """
+        from intune.pipeline.row_map import make_row_stage
+
+        if name is None:
+            name = "map_rows" if "map_rows" not in self.stage_names() else f"map_rows{len(self._stages)}"
+        return self._add(make_row_stage(fn, name, mode, on_error, workers, timeout_s, self.max_workers))
+
     def dedup(
         self, groups: Mapping[str, Sequence[str]], name: str = "dedup", mode: str = "thread", workers: int = 1
     ) -> Pipeline:
@@ -289,6 +353,26 @@ class Pipeline:
             if s.name == name:
                 return s
         raise ValueError(f"no stage named {name!r}; stages are {self.stage_names()}")
+
+    def to_tf_dataset(
+        self,
+        label: str | Sequence[str] | None = None,
+        features: str | Sequence[str] | None = None,
+        element_spec: Any = None,
+        close_on_exit: bool = True,
+    ) -> Any:
+        """This pipeline as a ``tf.data.Dataset`` (needs the ``tf`` extra): each iteration is an epoch.
+
+        Elements are dicts of tensors, or ``(features, label)`` pairs with ``label`` for ``model.fit``.
+        Without ``element_spec`` the first batch is run to learn the columns' types and shapes (the
+        batch dimension is ``None``). An iterator closed before its end closes the pipeline (its
+        workers end) unless ``close_on_exit=False``. See ``intune.integrations.tf``.
+        """
+        from intune.integrations.tf import to_tf_dataset
+
+        return to_tf_dataset(
+            self, label=label, features=features, element_spec=element_spec, close_on_exit=close_on_exit
+        )
 
     # ---- knobs and metrics -----------------------------------------------------------------------
     @property

@@ -1,7 +1,8 @@
 """Sources: where rows come from, split into read units that workers can read in parallel.
 
 Owns file discovery, the unit plan (a Parquet row group; a generic iterable is one sequential
-stream), reading a unit into chunks of at most ``chunk_rows`` rows with equal-length columns, the
+stream; with a ``sharding.Shard``, this rank's slices of the row groups or share of each chunk),
+reading a unit into chunks of at most ``chunk_rows`` rows with equal-length columns, the
 source's schema (``schema.Schema``: from the Parquet files' own schemas, checked across all files
 before any data flows; from the first chunk of an iterable; or given), and describing a unit's rows in
 words for error messages. Errors name the file. It must not know about threads, channels or knobs.
@@ -22,6 +23,7 @@ from intune.pipeline.chunks import Origin, Segment, nbytes, num_rows, validate_c
 from intune.pipeline.columns import to_numpy
 from intune.pipeline.errors import SchemaError, SourceError
 from intune.pipeline.schema import Column, Schema, unify, widen
+from intune.pipeline.sharding import Shard, range_slices, shard_stream
 
 
 class Source:
@@ -61,6 +63,11 @@ def expand_paths(glob_or_paths: str | os.PathLike[str] | Sequence[str | os.PathL
                 raise FileNotFoundError(f"input file not found: {text!r}")
             paths.append(text)
     return paths
+
+
+def row_range(lo: int, hi: int) -> str:
+    """Rows ``lo..hi-1`` in words: ``row 7`` or ``rows 0-99``."""
+    return f"row {lo}" if hi - lo == 1 else f"rows {lo}-{hi - 1}"
 
 
 def split_rows(chunk: dict, origin_of: Callable[[int, int], Origin], chunk_rows: int) -> list[Item]:
@@ -130,8 +137,11 @@ class ParquetSource(Source):
         strings: str = "bytes",
         schema: Schema | None = None,
         widen: bool = False,
+        shard: Shard | None = None,
     ) -> None:
         self.paths = paths
+        self.shard = shard if shard is not None and shard.world_size > 1 else None
+        self._slices: list[tuple[int, int, int]] | None = None  # this rank's (unit, lo, hi), sharded
         # a given schema names the columns to read
         wanted = columns if columns is not None else list(schema.columns) if schema is not None else None
         self.columns = list(wanted) if wanted is not None else None
@@ -204,18 +214,24 @@ class ParquetSource(Source):
             if self._plan is None:
                 if self.schema is None:
                     self.schema = self._files_schema()
-                plan = []
+                plan, rows = [], []
                 for f, path in enumerate(self.paths):
                     meta = self._open(path).metadata
                     first = 0
                     for g in range(meta.num_row_groups):
                         plan.append((f, g, first))
-                        first += meta.row_group(g).num_rows
+                        rows.append(meta.row_group(g).num_rows)
+                        first += rows[-1]
+                if self.shard is not None:  # this rank's contiguous range of rows (``sharding``)
+                    self._slices = range_slices(rows, self.shard)
                 self._plan = plan
-            return len(self._plan)
+            return len(self._plan) if self._slices is None else len(self._slices)
 
     def read_unit(self, unit: int) -> list[Item]:
         assert self._plan is not None and self.schema is not None
+        lo = 0
+        if self._slices is not None:  # a sharded unit: rows lo..hi-1 of a row group
+            unit, lo, hi = self._slices[unit]
         f, group, first = self._plan[unit]
         path = self.paths[f]
         try:
@@ -224,6 +240,8 @@ class ParquetSource(Source):
             raise
         except Exception as exc:
             raise SourceError(f"cannot read Parquet file {path!r} (row group {group}): {exc}") from exc
+        if self._slices is not None:
+            table, first = table.slice(lo, hi - lo), first + lo
         where = f"Parquet file {path!r} row group {group}"
         chunk = {name: self._convert(table.column(name), name, where) for name in table.column_names}
         # types were checked across files when planning; what is left is the null rule and unify's
@@ -263,7 +281,7 @@ class ParquetSource(Source):
         return self._plan[unit][0] if self._plan else 0
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
-        return f"{self.paths[self.file_of(unit)]} rows {lo}-{hi - 1}"
+        return f"{self.paths[self.file_of(unit)]} {row_range(lo, hi)}"
 
 
 class IterableSource(Source):
@@ -279,14 +297,21 @@ class IterableSource(Source):
         name: str,
         schema: Schema | None = None,
         widen: bool = False,
+        shard: Shard | None = None,
     ) -> None:
         self._chunks = chunks
+        self.shard = shard if shard is not None and shard.world_size > 1 else None
         self.name = name
         self._epochs = 0
         self.schema = schema
         self.widen = widen or schema is not None
 
     def stream(self) -> Iterator[Item]:
+        """Every chunk, checked; with a shard, this rank's share of each (``sharding.shard_stream``)."""
+        items = self._all_chunks()
+        return items if self.shard is None else shard_stream(items, self.shard)
+
+    def _all_chunks(self) -> Iterator[Item]:
         produced = self._chunks() if callable(self._chunks) else self._chunks
         if produced is self._chunks and iter(produced) is produced:  # a one-shot iterator
             if self._epochs:
@@ -307,4 +332,4 @@ class IterableSource(Source):
             first += rows
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
-        return f"source {self.name!r} chunk #{unit} (rows {lo}-{hi - 1})"
+        return f"source {self.name!r} chunk #{unit} ({row_range(lo, hi)})"
