@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Pipeline": ("intune.pipeline", "Pipeline"),
+    "DataLoader": ("intune.dataloader", "DataLoader"),
     "Knob": ("intune.knobs", "Knob"),
     "Observation": ("intune.observation", "Observation"),
     "monitor": ("intune.monitor", None),

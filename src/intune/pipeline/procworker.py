@@ -1,7 +1,8 @@
 """Process workers: one child process per pool slot, fed through shared memory, watched for death.
 
 Owns a child's life: start (a fresh interpreter over a socket pair, so neither the parent's threads
-nor its ``__main__`` are involved; the function is sent once with cloudpickle so closures work),
+nor its ``__main__`` are involved; the function is sent once with cloudpickle so closures work; a
+caller may pass another ``Launch``, such as ``forked.fork_child``),
 ``submit`` chunks and ``collect`` results in order with up to ``SLOTS`` chunks in flight (so the child
 never waits for the parent between chunks; each slot has its own reused input and output
 shared-memory segments), detect a death at once (end-of-file on its socket), ``restart`` and re-send
@@ -28,6 +29,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -80,6 +82,7 @@ class ChunkTimeout(Exception):
 SLOTS = 2  # chunks in flight per child
 _READY, _INIT_ERROR, _NO_SPACE = "ready", "init-error", "no-space"  # reply kinds besides ok / error
 _sweep_lock = threading.Lock()
+_start_lock = threading.Lock()  # one child's start at a time: its socket pair, launch, and closing its end
 _swept = False
 
 
@@ -203,12 +206,32 @@ class _Task:
         self.sent_at = 0.0  # time.monotonic() of the last send (a restart re-sends)
 
 
+Launch = Callable[[socket.socket, socket.socket], Any]
+"""Starts a child running ``child_main`` on the ``child`` end of the socket pair (the parent keeps the
+``parent`` end); returns a handle with ``pid``, ``poll()``, ``wait(timeout)`` and ``kill()`` as
+``subprocess.Popen`` has them."""
+
+
+def start_interpreter(parent: socket.socket, child: socket.socket) -> subprocess.Popen:
+    """The default launch: a fresh interpreter that inherits nothing but the child's end."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    code = "import sys; from intune.pipeline.procworker import child_main; child_main(int(sys.argv[1]))"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(child.fileno())],
+        pass_fds=(child.fileno(),),
+        env=env,
+        start_new_session=True,
+    )
+
+
 class ProcessWorker:
     """The parent's handle on one child: start lazily, submit and collect chunks, notice death, stop."""
 
-    def __init__(self, fn_blob: bytes, label: str) -> None:
+    def __init__(self, fn_blob: bytes, label: str, launch: Launch | None = None) -> None:
         self._fn_blob = fn_blob
         self._label = label
+        self._launch = launch or start_interpreter
         self._proc: Any = None
         self._conn: Any = None
         self._poller: Any = None
@@ -245,19 +268,14 @@ class ProcessWorker:
             raise Stopped  # closed: no child may start any more (a pool thread racing with close)
         _sweep_once()
         self._generation += 1
-        parent, child = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        code = "import sys; from intune.pipeline.procworker import child_main; child_main(int(sys.argv[1]))"
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(child.fileno())],
-                pass_fds=(child.fileno(),),
-                env=env,
-                start_new_session=True,
-            )
-        finally:
-            child.close()
+        # one start at a time: a fork (``forked.fork_child``) while another start's child end is open
+        # would copy that end, and the other child's death would never reach its parent as end-of-file
+        with _start_lock:
+            parent, child = socket.socketpair()
+            try:
+                proc = self._launch(parent, child)
+            finally:
+                child.close()
         with self._life:
             if self._closed:  # closed while the child started (a pool thread racing with close): end it
                 parent.close()

@@ -382,8 +382,13 @@ class MapStage(PooledStage):
             if self._closed:
                 raise Stopped  # the pipeline was closed while this chunk was on its way
             while len(self._procs) <= index:
-                self._procs.append(ProcessWorker(self._blob, f"{label}-w{len(self._procs)}"))
+                self._procs.append(self.new_process_worker(len(self._procs), label))
             return self._procs[index]
+
+    def new_process_worker(self, index: int, label: str) -> ProcessWorker:
+        """Process worker ``index``: a child that loads the pickled function (a subclass may start it
+        otherwise, or give each worker its own function)."""
+        return ProcessWorker(self._blob, f"{label}-w{index}")
 
     def internal_bytes(self) -> int:
         """The process workers' shared-memory segments (they grow to the largest chunk seen)."""

@@ -1,0 +1,14 @@
+"""``intune.DataLoader``: a drop-in for ``torch.utils.data.DataLoader``, its worker count tuned live.
+
+The package owns the loader and nothing else; each module owns one part: ``loader`` (the class and
+its epochs), ``sampling`` (torch's samplers, the split among ranks, the source of index batches),
+``fetch`` (what a worker runs), ``stage`` (the engine's map stage as the loader needs it),
+``transport`` (collated batches through shared memory), ``stream`` (iterable datasets), ``errors``
+(what the training loop sees when a worker fails). A rank's place and machine share come from
+``intune.pipeline.sharding``, as for the pipeline's own sources.
+"""
+
+from intune.dataloader.errors import DataLoaderWorkerError, DatasetPickleError
+from intune.dataloader.loader import DataLoader
+
+__all__ = ["DataLoader", "DataLoaderWorkerError", "DatasetPickleError"]

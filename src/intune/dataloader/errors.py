@@ -1,0 +1,71 @@
+"""The loader's errors as a training loop sees them: a worker's exception raised again, in order.
+
+Owns the wording and the class of what ``next(loader)`` raises for a batch whose ``__getitem__``,
+``__getitems__`` or ``collate_fn`` failed in a worker: the original exception's class where it can be
+rebuilt with one message (so ``except KeyError`` still catches a ``KeyError``), else
+``DataLoaderWorkerError``; the message names the dataset, the index (or indices) and the worker, and
+carries the worker's traceback, as torch's DataLoader does. Also ``DatasetPickleError``: the dataset,
+collate function or ``worker_init_fn`` that cannot be sent to worker processes, named. It must not
+decide when a batch failed (``fetch`` does).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, NoReturn
+
+
+class DataLoaderWorkerError(RuntimeError):
+    """A worker's exception whose own class could not be rebuilt here (the message has its name)."""
+
+
+class DatasetPickleError(TypeError):
+    """Part of the loader (the dataset, ``collate_fn``, ``worker_init_fn``) cannot be pickled for the
+    worker processes; ``num_workers=0`` loads in this process, without pickling."""
+
+
+def failure_message(record: dict[str, Any]) -> str:
+    worker = record.get("worker")
+    who = f"worker {worker} (pid {record.get('pid')})" if worker is not None else "the loader's own process"
+    return (
+        f"Caught {record['class_name']} in intune.DataLoader {who} on {record['where']} of dataset "
+        f"{record['dataset']}: {record['message']}\n\nOriginal traceback (in the worker):\n"
+        + record["traceback"].rstrip()
+    )
+
+
+def raise_failure(record: dict[str, Any] | bytes | Any) -> NoReturn:
+    """Raise the worker's exception described by ``record`` (a dict, or its pickle as bytes / array)."""
+    if not isinstance(record, dict):
+        record = pickle.loads(bytes(memoryview(record)))
+    message = failure_message(record)
+    error = _rebuild(record.get("class"), message) or DataLoaderWorkerError(message)
+    error.where = record["where"]  # type: ignore[attr-defined]
+    error.worker_traceback = record["traceback"]  # type: ignore[attr-defined]
+    raise error
+
+
+def _rebuild(blob: bytes | None, message: str) -> BaseException | None:
+    """The original class with ``message``, when it unpickles here and takes one message argument."""
+    if blob is None:
+        return None
+    try:
+        kind = pickle.loads(blob)
+        if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            return None
+        error = kind(message)
+        if kind is KeyError or str(error) != message:  # KeyError quotes its argument; others reword it
+            return _with_message(kind, message)
+        return error
+    except Exception:  # noqa: BLE001 - not rebuildable: the caller uses DataLoaderWorkerError
+        return None
+
+
+def _with_message(kind: type, message: str) -> BaseException | None:
+    """An instance of a subclass of ``kind`` whose ``str`` is ``message`` (a KeyError prints its
+    argument's repr, which would put the traceback on one line)."""
+    try:
+        sub = type(kind.__name__, (kind,), {"__str__": lambda self: message, "__module__": kind.__module__})
+        return sub(message)
+    except Exception:  # noqa: BLE001
+        return None

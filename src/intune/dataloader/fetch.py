@@ -1,0 +1,221 @@
+"""What a loader worker runs: ``dataset[i]`` for each index of a batch, ``collate_fn``, the result as columns.
+
+Owns the worker side of ``intune.DataLoader``: the ``Fetcher`` (dataset, collate function, whether to
+batch), seeding each batch's random generators from the loader's seed, the epoch and the batch's
+number (so a random transform in ``__getitem__`` is reproducible whatever the worker count or which
+worker took the batch), a worker's start (``WorkerFetcher``: sets torch's ``get_worker_info()`` and runs
+``worker_init_fn``), and failures as data: an exception in ``__getitem__`` or ``collate_fn`` becomes a
+failure record that travels in the batch's place, so that it reaches the training loop in order,
+with the dataset index and the worker's traceback, and the loop may go on with the next batch as
+torch's DataLoader allows. It must not know about pipelines, stages or samplers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from intune.dataloader import transport
+
+INDEX = "index"
+"""The input column: the batch's dataset indices (int64, or an object array of other keys)."""
+SEED = "seed"
+"""The input column: ``[loader seed, epoch, batch number]``, from which the batch's generators are seeded."""
+FAILURE = "__failure__"
+"""The output column of a failed batch: a pickled failure record (see ``failure_record``)."""
+OBJECT = "__object__"
+"""The output key of a batch made in the loader's own process (no transport needed)."""
+
+
+class Fetcher:
+    """Fetches and collates one batch; in a worker process (``encode``) or in the loader's own."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        collate_fn: Callable[[Any], Any],
+        auto_collation: bool,
+        dataset_name: str,
+        encode: bool = True,
+    ) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.auto_collation = auto_collation
+        self.dataset_name = dataset_name
+        self.encode = encode
+        self.worker_id: int | None = None
+
+    def __call__(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        keys = chunk[INDEX].tolist()
+        if self.encode:  # a worker's own generators; the loader's process keeps the user's untouched
+            seed_rngs(*(int(v) for v in chunk[SEED]))
+        try:
+            samples = self._samples(keys)
+        except _Failed as failed:
+            return self._failure(failed.cause, failed.where)
+        try:
+            batch = self.collate_fn(samples)
+        except Exception as exc:  # noqa: BLE001 - delivered in the batch's place
+            return self._failure(exc, f"collate_fn on dataset indices {_preview(keys)}")
+        if not self.encode:
+            return {OBJECT: batch}
+        try:
+            return transport.encode(batch)
+        except Exception as exc:  # noqa: BLE001
+            return self._failure(exc, f"sending the batch of dataset indices {_preview(keys)}")
+
+    def _samples(self, keys: list[Any]) -> Any:
+        """The samples (a list when batching, else the one sample); ``_Failed`` names the index."""
+        dataset = self.dataset
+        if not self.auto_collation:
+            return _get(dataset, keys[0])
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems:
+            try:
+                return getitems(keys)
+            except Exception as exc:  # noqa: BLE001
+                raise _Failed(exc, f"__getitems__ on dataset indices {_preview(keys)}") from None
+        return [_get(dataset, key) for key in keys]
+
+    def _failure(self, exc: BaseException, where: str) -> dict[str, Any]:
+        record = failure_record(exc, where, self.dataset_name, self.worker_id)
+        if not self.encode:
+            return {FAILURE: record}
+        return {FAILURE: np.frombuffer(pickle.dumps(record), dtype=np.uint8)}
+
+
+class _Failed(Exception):
+    def __init__(self, cause: BaseException, where: str) -> None:
+        self.cause = cause
+        self.where = where
+
+
+def _get(dataset: Any, key: Any) -> Any:
+    try:
+        return dataset[key]
+    except Exception as exc:  # noqa: BLE001
+        raise _Failed(exc, f"dataset index {key!r}") from None
+
+
+def _preview(keys: Sequence[Any], limit: int = 8) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)})"
+
+
+def failure_record(
+    exc: BaseException, where: str, dataset_name: str, worker_id: int | None
+) -> dict[str, Any]:
+    """What the loader needs to raise ``exc`` again: its class (when it can travel), words, traceback."""
+    try:
+        import cloudpickle
+
+        kind: bytes | None = cloudpickle.dumps(type(exc))
+    except Exception:  # noqa: BLE001 - the loader falls back to a RuntimeError
+        kind = None
+    return {
+        "class": kind,
+        "class_name": type(exc).__qualname__,
+        "message": str(exc),
+        "where": where,
+        "dataset": dataset_name,
+        "worker": worker_id,
+        "pid": os.getpid(),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+
+
+def seed_rngs(base: int, epoch: int, batch: int) -> None:
+    """Seed ``random``, numpy's global generator and torch's (when loaded) for one batch."""
+    state = np.random.SeedSequence([base, epoch, batch]).generate_state(4)
+    np.random.seed(state)
+    random.seed(int.from_bytes(state.tobytes(), "little"))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed((int(state[0]) << 32) | int(state[1]))
+
+
+INHERITED: dict[int, tuple[Fetcher, Callable[[int], None] | None]] = {}
+"""Fetchers that forked workers find in the memory they inherit, by key (the loader adds and removes them)."""
+
+
+class WorkerFetcher:
+    """The function one worker process loads: the loader's ``Fetcher`` plus this worker's id.
+
+    The fetcher comes pickled (``fetcher_blob``, for a fresh interpreter) or is found in the memory a
+    forked worker inherited (``key`` into ``INHERITED``). Loading it in the worker seeds the generators,
+    sets torch's ``get_worker_info()`` and runs ``worker_init_fn(worker_id)``; a failure there fails the
+    epoch at once with the worker's traceback (every batch would fail alike)."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        seed: int,
+        workers: int,
+        fetcher_blob: bytes = b"",
+        worker_init_fn: Callable[[int], None] | None = None,
+        key: int | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.seed = seed
+        self.workers = workers
+        self.fetcher_blob = fetcher_blob
+        self.worker_init_fn = worker_init_fn
+        self.key = key
+        self._fetcher: Fetcher | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_fetcher"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.key is not None:
+            fetcher, self.worker_init_fn = INHERITED[self.key]
+        else:
+            import cloudpickle
+
+            fetcher = cloudpickle.loads(self.fetcher_blob)
+            self.fetcher_blob = b""
+        fetcher.worker_id = self.worker_id
+        self._fetcher = fetcher
+        self._start(fetcher)
+
+    def _start(self, fetcher: Fetcher) -> None:
+        """What torch's workers do first: one torch thread, seeded generators, worker info, the init."""
+        seed_rngs(self.seed, 0, self.worker_id)
+        torch = sys.modules.get("torch")
+        if torch is not None:  # the processes are the parallelism
+            torch.set_num_threads(1)
+        _set_torch_worker_info(self.worker_id, self.workers, self.seed + self.worker_id, fetcher.dataset)
+        if self.worker_init_fn is not None:
+            try:
+                self.worker_init_fn(self.worker_id)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"worker_init_fn raised in intune.DataLoader worker {self.worker_id}: {type(exc).__name__}: {exc}"
+                ) from exc
+
+    def __call__(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        assert self._fetcher is not None
+        return self._fetcher(chunk)
+
+
+def _set_torch_worker_info(worker_id: int, workers: int, seed: int, dataset: Any) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer in this worker, as in torch's own workers."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=worker_id, num_workers=workers, seed=seed, dataset=dataset
+        )
+    except (ImportError, AttributeError, TypeError):  # another torch layout: get_worker_info() stays None
+        pass

@@ -1,0 +1,389 @@
+"""``intune.DataLoader``: torch's DataLoader interface over the engine, with its worker count tuned live.
+
+Owns the public class: torch's constructor arguments and their checks, the attributes torch users
+read (``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``drop_last``, ``collate_fn``,
+``generator``, ``num_workers``), ``len()``, the epochs (``iter``), and the pipeline under it: an
+``IndexSource`` of batches of indices (or a ``StreamSource`` for an iterable dataset), the
+``FetchStage`` whose process workers fetch and collate, and a prefetch buffer, tuned by a policy from
+the first batch (``tune=None`` leaves the allocation as given). Also the iterator's side: a batch is
+rebuilt from shared memory into tensors, and a failed batch raises its worker's exception in its
+place. The samplers are in ``sampling``, the worker's work in ``fetch``, the transport in
+``transport``. It must not hold a sampler's, a worker's or a policy's logic.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from intune.dataloader.errors import raise_failure
+from intune.dataloader.fetch import FAILURE, OBJECT, Fetcher
+from intune.dataloader.sampling import (
+    IndexSource,
+    Plan,
+    build_plan,
+    check_iterable_arguments,
+    draw_seed,
+    is_iterable_dataset,
+)
+from intune.dataloader.stage import FetchStage
+from intune.dataloader.stream import StreamSource
+from intune.dataloader.transport import SPEC, decode
+from intune.knobs import Knob
+from intune.monitor import available_cpus
+from intune.pipeline import Pipeline
+from intune.pipeline.sharding import ShareMonitor, resolve_shard
+
+PREFETCH_MB = 64
+"""The prefetch buffer's starting bound in MB (its knob, ``prefetch.buffer_mb``, is tuned)."""
+
+
+class DataLoader:
+    """A drop-in for ``torch.utils.data.DataLoader`` whose worker count and buffers are tuned live.
+
+    The arguments are torch's, with the same meaning, plus: ``num_workers="auto"`` (the default) starts
+    with this rank's share of the CPUs, an int starts there (``0``: fetch in this process, untuned);
+    ``tune`` names the policy (``intune.policies``) or is ``None`` for a fixed allocation;
+    ``max_workers`` bounds the workers' knob (default: twice the CPUs, at least 4); ``rank`` and
+    ``world_size`` (default: ``RANK`` / ``WORLD_SIZE``) split a map-style dataset among data-parallel
+    ranks as ``DistributedSampler`` does, shuffled from ``seed`` and the epoch. Workers are processes
+    that persist across epochs (``persistent_workers`` is accepted: they always persist; it still
+    decides, as in torch, whether the loader's seed is drawn from ``generator`` at every ``iter()`` or
+    only at the first), so they see the dataset as it was when each started.
+    ``multiprocessing_context`` says how workers start: forked from this process (``"fork"``, the
+    default on Linux as in torch: the dataset is inherited, not pickled) or as fresh interpreters that
+    get the dataset pickled once (``"spawn"``, ``"forkserver"``). ``prefetch_factor`` (default 2)
+    batches per possible worker may wait ready, within the tuned ``prefetch.buffer_mb``;
+    ``pin_memory_device`` is accepted and ignored (torch deprecates it). Use ``close()`` (or ``with``)
+    to end the workers at once; a loader dropped without it is closed when collected.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int | str = "auto",
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        tune: str | Any | None = "intune",
+        rank: int | None = None,
+        world_size: int | None = None,
+        seed: int = 0,
+        max_workers: int | None = None,
+    ) -> None:
+        if timeout < 0:
+            raise ValueError(f"intune.DataLoader: timeout must be >= 0 seconds, got {timeout!r}")
+        if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or prefetch_factor < 1):
+            raise ValueError(
+                f"intune.DataLoader: prefetch_factor must be a positive integer, got {prefetch_factor!r}"
+            )
+        shard = resolve_shard("intune.DataLoader", rank, world_size)
+        self.rank, self.world_size = (shard.rank, shard.world_size) if shard is not None else (0, 1)
+        self.machine_share = shard.machine_share if shard is not None else 1.0
+        self.dataset = dataset
+        self.generator = generator
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.persistent_workers = bool(persistent_workers)
+        self.seed = int(seed)
+        self.iterable = is_iterable_dataset(dataset)
+        self._plan = self._make_plan(batch_size, shuffle, sampler, batch_sampler, bool(drop_last))
+        if collate_fn is None:
+            collate_fn = _default_collate() if self._batched(batch_size) else _default_convert()
+        self.collate_fn = collate_fn
+        self._pin = _pin_memory(pin_memory)
+        self._epochs = 0
+        self._epoch_set: int | None = None
+        self._seed = _Seed()
+        self._closed = False
+        self.multiprocessing_context = multiprocessing_context
+        start = _start_workers(num_workers, self.machine_share)
+        method = start_method(multiprocessing_context)
+        self.pipeline = self._build(start, method, max_workers, prefetch_factor or 2, bool(in_order))
+        self.tuner = self._make_tuner(tune if start > 0 and not self.iterable else None)
+        self._finalizer = weakref.finalize(self, _shutdown, self.tuner, self.pipeline)
+
+    # ---- construction ----------------------------------------------------------------------------
+    def _batched(self, batch_size: int | None) -> bool:
+        return batch_size is not None if self.iterable else self._plan.auto_collation
+
+    def _make_plan(
+        self, batch_size: int | None, shuffle: bool | None, sampler: Any, batch_sampler: Any, drop_last: bool
+    ) -> Plan:
+        if self.iterable:
+            check_iterable_arguments(shuffle, sampler, batch_sampler, batch_size, drop_last)
+            return Plan(None, None, batch_size, drop_last, False)
+        return build_plan(
+            self.dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            drop_last,
+            self.generator,
+            self.rank,
+            self.world_size,
+            self.seed,
+        )
+
+    def _build(
+        self, workers: int, method: str, max_workers: int | None, prefetch_factor: int, in_order: bool
+    ) -> Pipeline:
+        name = dataset_name(self.dataset)
+        if self.iterable:
+            source = StreamSource(
+                self.dataset, self.collate_fn, self._plan.batch_size, self._plan.drop_last, name
+            )
+            return Pipeline(source, name="stream").prefetch(depth=2 * prefetch_factor, buffer_mb=PREFETCH_MB)
+        self._source = IndexSource("sampler", name)
+        pipe = Pipeline(self._source, name="sampler", deterministic=in_order, max_workers=max_workers)
+        mode = "process" if workers > 0 else "thread"
+        fetcher = Fetcher(
+            self.dataset, self.collate_fn, self._plan.auto_collation, name, encode=mode == "process"
+        )
+        stage = FetchStage(
+            fetcher,
+            "fetch",
+            mode,
+            method,
+            pipe.max_workers,
+            max(1, min(workers, pipe.max_workers)),
+            float(self.timeout) if self.timeout else None,
+            self.worker_init_fn,
+            self._seed.get,
+        )
+        depth = prefetch_factor * pipe.max_workers
+        return pipe.add_stage(stage).prefetch(depth=depth, buffer_mb=min(PREFETCH_MB, pipe.max_mb))
+
+    def _make_tuner(self, policy: str | Any | None) -> Any:
+        if policy is None:
+            return None
+        from intune.tuner import tune
+
+        monitor = ShareMonitor(self.machine_share) if self.machine_share < 1 else None
+        return tune(_Tunable(self.pipeline), policy=policy, monitor=monitor)
+
+    # ---- torch's attributes ----------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int | None:
+        return self._plan.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._plan.drop_last
+
+    @property
+    def sampler(self) -> Any:
+        return self._plan.sampler
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self._plan.batch_sampler
+
+    @property
+    def num_workers(self) -> int:
+        """The fetch workers now (it changes while the tuner runs); 0 when fetching in this process."""
+        if self.iterable or self.pipeline.stage_names()[1] != "fetch":
+            return 0
+        stage = self.pipeline.stage("fetch")
+        return stage.workers() if stage.mode == "process" else 0
+
+    @property
+    def knobs(self) -> Mapping[str, Knob]:
+        """The knobs that move: ``fetch.workers`` and ``prefetch.buffer_mb`` (the pipeline's ``knobs``
+        also lists the sampler's one thread, fixed)."""
+        return _Tunable(self.pipeline).knobs
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next ``iter()`` shuffles for (by default the count of epochs started): with
+        ranks, ``DistributedSampler.set_epoch``; always the per-batch seeds of the workers."""
+        self._epoch_set = int(epoch)
+
+    def __len__(self) -> int:
+        if not self.iterable:
+            return len(self._plan.index_sampler)
+        length = len(self.dataset)
+        size = self._plan.batch_size
+        if size is None:
+            return length
+        return length // size if self._plan.drop_last else -(-length // size)
+
+    # ---- epochs ----------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        if self._closed:
+            raise ValueError("intune.DataLoader: the loader is closed")
+        epoch = self._epoch_set if self._epoch_set is not None else self._epochs
+        self._epoch_set = None
+        self._epochs += 1
+        if self._seed.value is None or not self.persistent_workers:  # when torch's DataLoader draws it
+            self._seed.value = draw_seed(self.generator)
+        if not self.iterable:
+            if self._plan.distributed:
+                self._plan.sampler.set_epoch(epoch)
+            self._source.begin(self._plan.index_sampler, epoch, self._seed.value)
+        batches = iter(self.pipeline)
+        if self.tuner is not None:
+            self.tuner.start()
+        return _Batches(self, batches)
+
+    def close(self) -> None:
+        """Stop tuning and end the workers (an epoch in flight raises ``PipelineClosedError``)."""
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"intune.DataLoader({dataset_name(self.dataset)}, batch_size={self.batch_size}, workers={self.num_workers})"
+
+
+class _Batches:
+    """One epoch's batches: rebuilt as tensors, or a failed batch's exception raised in its place."""
+
+    def __init__(self, loader: DataLoader, batches: Iterator[Any]) -> None:
+        self._loader = loader  # keeps the loader (and its workers) alive while its epoch is read
+        self._batches = batches
+
+    def __iter__(self) -> _Batches:
+        return self
+
+    def __next__(self) -> Any:
+        chunk = next(self._batches)
+        if OBJECT in chunk:
+            return _pin_tree(chunk[OBJECT]) if self._loader._pin else chunk[OBJECT]
+        if FAILURE in chunk:
+            raise_failure(chunk[FAILURE])
+        if SPEC not in chunk:
+            raise RuntimeError(f"intune.DataLoader: a batch came without its spec (columns {sorted(chunk)})")
+        return decode(chunk, self._loader._pin)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
+class _Seed:
+    """The seed of the epoch in flight, shared with the fetch stage (which must not hold the loader: the
+    loader's finalizer keeps the pipeline alive, so a reference back would keep the loader forever)."""
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+    def get(self) -> int:
+        return self.value or 0
+
+
+class _Tunable:
+    """The pipeline as its tuner sees it: the knobs that can move. The sampler's single thread is a
+    knob fixed at 1, which a policy would count as a stage to give CPUs to (an even split would halve
+    the fetch workers on 2 CPUs); without it, that stage reads as an inline one, as the batch stage does."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    @property
+    def knobs(self) -> Mapping[str, Knob]:
+        return {name: knob for name, knob in self.pipeline.knobs.items() if knob.min < knob.max}
+
+    def metrics(self) -> Any:
+        return self.pipeline.metrics()
+
+    @property
+    def closed(self) -> bool:
+        return self.pipeline.closed
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+
+def dataset_name(dataset: Any) -> str:
+    """The dataset's class, for messages (``repr`` may be long or costly)."""
+    kind = type(dataset)
+    return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__
+
+
+def _start_workers(num_workers: int | str, machine_share: float) -> int:
+    """``"auto"``: one worker per CPU of this rank's share of the machine (at least one)."""
+    if num_workers == "auto":
+        return max(1, round(available_cpus() * machine_share))
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(
+            f'intune.DataLoader: num_workers must be "auto" or an integer >= 0, got {num_workers!r}'
+        )
+    return num_workers
+
+
+def start_method(context: Any) -> str:
+    """How workers start, from torch's ``multiprocessing_context``: ``"fork"`` (torch's default on
+    Linux, and ours where ``os.fork`` exists) or ``"spawn"`` (fresh interpreters; ``"forkserver"`` too)."""
+    if context is None:
+        return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
+    name = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
+    if name == "fork":
+        return "fork"
+    if name in ("spawn", "forkserver"):
+        return "spawn"
+    raise ValueError(
+        f"intune.DataLoader: multiprocessing_context must be 'fork', 'spawn', 'forkserver' or such a "
+        f"multiprocessing context, got {context!r}"
+    )
+
+
+def _pin_memory(asked: bool) -> bool:
+    """Pin only where an accelerator can use it; warn otherwise, as torch's DataLoader does."""
+    if not asked:
+        return False
+    import torch
+
+    if torch.accelerator.is_available():
+        return True
+    warnings.warn(
+        "intune.DataLoader: pin_memory=True but no accelerator is available; batches are not pinned",
+        UserWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def _pin_tree(batch: Any) -> Any:
+    from intune.dataloader import transport
+
+    return transport.decode(transport.encode(batch), pin=True)
+
+
+def _default_collate() -> Callable[[Any], Any]:
+    from torch.utils.data import default_collate
+
+    return default_collate
+
+
+def _default_convert() -> Callable[[Any], Any]:
+    from torch.utils.data import default_convert
+
+    return default_convert
+
+
+def _shutdown(tuner: Any, pipeline: Pipeline) -> None:
+    if tuner is not None:
+        tuner.stop()
+    pipeline.close()
