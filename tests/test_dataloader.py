@@ -22,6 +22,7 @@ from torch.utils.data import (
 from torch.utils.data import DataLoader as TorchLoader
 
 import intune
+from _datasets import IdRows
 from intune.dataloader import transport
 
 pytestmark = pytest.mark.timeout(120)
@@ -181,17 +182,6 @@ def test_spawned_and_in_process_workers_give_the_same_batches() -> None:
 def test_len_as_torch(kwargs: dict) -> None:
     with intune.DataLoader(DictRows(), tune=None, num_workers=1, **kwargs) as ours:
         assert len(ours) == len(TorchLoader(DictRows(), **kwargs))
-
-
-class IdRows(Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 def test_every_row_once_in_order_while_workers_resize() -> None:

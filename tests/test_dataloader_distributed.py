@@ -13,23 +13,13 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 import intune
+from _datasets import IdRows
 from intune.dataloader import loader as loader_module
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class IdRows(Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 def expected_indices(n: int, world: int, rank: int, epoch: int, drop_last: bool) -> list[int]:

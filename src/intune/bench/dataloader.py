@@ -16,18 +16,15 @@ exist. It must not implement a loader or a measurement (``dataloader_systems`` d
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from intune.bench import md_report
+from intune.bench import results as bench_results
 
 FULL = {"rows": 400_000, "measure_rows": 400_000, "cost_batches": 10, "timeout_s": 900}
 QUICK = {"rows": 60_000, "measure_rows": 60_000, "cost_batches": 3, "timeout_s": 300}
@@ -111,19 +108,7 @@ def entry_spec(base: Mapping[str, Any], entry: Entry) -> dict[str, Any]:
 def run_child(spec: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     """One run in a fresh process (``python -m intune.bench.dataloader_systems``): its result, or an
     error (exit status and the last lines of its output, or the timeout) instead of raising."""
-    with tempfile.TemporaryDirectory(prefix="intune-bench-dataloader-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "intune.bench.dataloader_systems", str(spec_path), str(out_path)]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore::UserWarning"}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout_s:.0f} s"}
-        if proc.returncode != 0 or not out_path.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-        return json.loads(out_path.read_text())
+    return bench_results.run_child('intune.bench.dataloader_systems', spec, timeout_s, {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore::UserWarning"})
 
 
 def run_rounds(

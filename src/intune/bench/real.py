@@ -16,12 +16,8 @@ must not implement a system or a measurement itself.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pickle
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from intune.bench import md_report
+from intune.bench import results as bench_results
 from intune.bench.real_systems import COSTS
 from intune.bench.results import save_figure
 
@@ -229,19 +226,7 @@ def run_rounds(
 def run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """One run in a fresh process (``python -m intune.bench.real_systems``): its result, or an error
     (exit status and the last lines of its output, or the timeout) instead of raising."""
-    with tempfile.TemporaryDirectory(prefix="intune-bench-real-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "intune.bench.real_systems", str(spec_path), str(out_path)]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout_s:.0f} s"}
-        if proc.returncode != 0 or not out_path.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-        return json.loads(out_path.read_text())
+    return bench_results.run_child('intune.bench.real_systems', spec, timeout_s, {"TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 def run(args: argparse.Namespace) -> int:
