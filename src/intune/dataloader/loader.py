@@ -36,7 +36,7 @@ from intune.dataloader.transport import SPEC, decode
 from intune.knobs import Knob
 from intune.monitor import available_cpus
 from intune.pipeline import Pipeline
-from intune.pipeline.sharding import ShareMonitor, resolve_shard
+from intune.pipeline.sharding import resolve_shard
 
 PREFETCH_MB = 64
 """The prefetch buffer's starting bound in MB (its knob, ``prefetch.buffer_mb``, is tuned)."""
@@ -94,7 +94,7 @@ class DataLoader:
             raise ValueError(
                 f"intune.DataLoader: prefetch_factor must be a positive integer, got {prefetch_factor!r}"
             )
-        shard = resolve_shard("intune.DataLoader", rank, world_size)
+        shard = self.shard = resolve_shard("intune.DataLoader", rank, world_size)
         self.rank, self.world_size = (shard.rank, shard.world_size) if shard is not None else (0, 1)
         self.machine_share = shard.machine_share if shard is not None else 1.0
         self.dataset = dataset
@@ -153,7 +153,7 @@ class DataLoader:
             )
             return Pipeline(source, name="stream").prefetch(depth=2 * prefetch_factor, buffer_mb=PREFETCH_MB)
         self._source = IndexSource("sampler", name)
-        pipe = Pipeline(self._source, name="sampler", deterministic=in_order, max_workers=max_workers)
+        pipe = Pipeline(self._source, name="sampler", deterministic=in_order, max_workers=max_workers, shard=self.shard)
         mode = "process" if workers > 0 else "thread"
         fetcher = Fetcher(
             self.dataset, self.collate_fn, self._plan.auto_collation, name, encode=mode == "process"
@@ -177,8 +177,7 @@ class DataLoader:
             return None
         from intune.tuner import tune
 
-        monitor = ShareMonitor(self.machine_share) if self.machine_share < 1 else None
-        return tune(_Tunable(self.pipeline), policy=policy, monitor=monitor)
+        return tune(_Tunable(self.pipeline), policy=policy)  # its monitor: the shard's share of the machine
 
     # ---- torch's attributes ----------------------------------------------------------------------
     @property
@@ -304,6 +303,10 @@ class _Tunable:
     @property
     def knobs(self) -> Mapping[str, Knob]:
         return {name: knob for name, knob in self.pipeline.knobs.items() if knob.min < knob.max}
+
+    @property
+    def shard(self) -> Any:
+        return self.pipeline.shard
 
     def metrics(self) -> Any:
         return self.pipeline.metrics()

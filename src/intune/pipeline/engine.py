@@ -30,7 +30,15 @@ from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStag
 from intune.pipeline.sharding import Shard, resolve_shard
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
-from intune.pipeline.stages import STALL_AFTER_S, MapStage, ReadStage, Stage, check_int, check_seconds
+from intune.pipeline.stages import (
+    STALL_AFTER_S,
+    MapStage,
+    ReadStage,
+    Stage,
+    check_int,
+    check_map_arguments,
+    check_seconds,
+)
 
 _PIPELINE_IDS = itertools.count()
 
@@ -258,17 +266,8 @@ class Pipeline:
         counted as the source rows the chunk came from. ``on_error="skip"`` drops a failing chunk and
         counts it in the stage's ``skipped`` metric.
         """
-        if not callable(fn):
-            raise ValueError(f"map: fn must be callable, got {fn!r}")
-        if mode not in ("thread", "process"):
-            raise ValueError(f"map: mode must be 'thread' or 'process', got {mode!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"map: on_error must be 'raise' or 'skip', got {on_error!r}")
-        workers = check_int("workers", workers, 1, self.max_workers)
-        if timeout_s is not None:
-            timeout_s = check_seconds("timeout_s", timeout_s)
-        if name is None:
-            name = "map" if "map" not in self.stage_names() else f"map{len(self._stages)}"
+        workers, timeout_s = check_map_arguments("map", fn, mode, on_error, workers, timeout_s, self.max_workers)
+        name = name if name is not None else self._fresh_name("map")
         return self._add(MapStage(fn, name, mode, on_error, self.max_workers, workers, timeout_s))
 
     def map_rows(
@@ -291,11 +290,11 @@ class Pipeline:
         broken contract (not a dict; keys or types that change between rows) always raises. See
         ``intune.pipeline.row_map``.
         """
-        from intune.pipeline.row_map import make_row_stage
+        from intune.pipeline.row_map import RowMapStage
 
-        if name is None:
-            name = "map_rows" if "map_rows" not in self.stage_names() else f"map_rows{len(self._stages)}"
-        return self._add(make_row_stage(fn, name, mode, on_error, workers, timeout_s, self.max_workers))
+        workers, timeout_s = check_map_arguments("map_rows", fn, mode, on_error, workers, timeout_s, self.max_workers)
+        name = name if name is not None else self._fresh_name("map_rows")
+        return self._add(RowMapStage(fn, name, mode, on_error, self.max_workers, workers, timeout_s))
 
     def dedup(
         self, groups: Mapping[str, Sequence[str]], name: str = "dedup", mode: str = "thread", workers: int = 1
@@ -319,6 +318,10 @@ class Pipeline:
         depth = check_int("prefetch depth", depth, 1)
         buffer_mb = check_int("buffer_mb", buffer_mb, 1, self.max_mb)
         return self._add(PrefetchStage(name, depth, buffer_mb, self.max_mb))
+
+    def _fresh_name(self, base: str) -> str:
+        """``base``, or ``base<i>`` (``i`` the stage's position) when a stage already has that name."""
+        return base if base not in self.stage_names() else f"{base}{len(self._stages)}"
 
     def add_stage(self, stage: Stage) -> Pipeline:
         """Append a custom ``Stage`` (for extensions such as a dedup stage)."""

@@ -426,28 +426,4 @@ def row_words(item: Item, row: int) -> str:
     return origin.describe() if origin is not None else f"row {row} of {origin_words(item)}"
 
 
-def make_row_stage(
-    fn: Callable[[dict[str, Any]], Mapping[str, Any]],
-    name: str,
-    mode: str,
-    on_error: str,
-    workers: int,
-    timeout_s: float | None,
-    max_workers: int,
-) -> RowMapStage:
-    """A checked ``RowMapStage`` (``Pipeline.map_rows``); bad arguments raise ``ValueError`` naming them."""
-    from intune.pipeline.stages import check_int, check_seconds
-
-    if not callable(fn):
-        raise ValueError(f"map_rows: fn must be callable, got {fn!r}")
-    if mode not in ("thread", "process"):
-        raise ValueError(f"map_rows: mode must be 'thread' or 'process', got {mode!r}")
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"map_rows: on_error must be 'raise' or 'skip', got {on_error!r}")
-    workers = check_int("workers", workers, 1, max_workers)
-    if timeout_s is not None:
-        timeout_s = check_seconds("timeout_s", timeout_s)
-    return RowMapStage(fn, name, mode, on_error, max_workers, workers, timeout_s)
-
-
-__all__ = ["RowContractError", "RowError", "RowFunction", "RowFunctionError", "RowMapStage", "make_row_stage"]
+__all__ = ["RowContractError", "RowError", "RowFunction", "RowFunctionError", "RowMapStage"]

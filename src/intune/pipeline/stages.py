@@ -156,6 +156,21 @@ def check_seconds(what: str, value: Any) -> float:
     return float(value)
 
 
+def check_map_arguments(
+    method: str, fn: Any, mode: str, on_error: str, workers: Any, timeout_s: Any, max_workers: int
+) -> tuple[int, float | None]:
+    """The arguments ``map`` and ``map_rows`` share, checked: ``(workers, timeout_s)``; the
+    ``ValueError`` names the method and the argument."""
+    if not callable(fn):
+        raise ValueError(f"{method}: fn must be callable, got {fn!r}")
+    if mode not in ("thread", "process"):
+        raise ValueError(f"{method}: mode must be 'thread' or 'process', got {mode!r}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"{method}: on_error must be 'raise' or 'skip', got {on_error!r}")
+    workers = check_int("workers", workers, 1, max_workers)
+    return workers, (check_seconds("timeout_s", timeout_s) if timeout_s is not None else None)
+
+
 def sequential_loop(
     stats: WorkerStats,
     inp: Channel,
