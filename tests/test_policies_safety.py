@@ -31,6 +31,21 @@ def _obs(values: dict[str, int], cpus: float, used_gb: float, limit_gb: float, b
     return Observation(1, 1.0, 1e4, 0.0, cpus, used_gb * GB, limit_gb * GB, tuple(stages))
 
 
+def test_near_the_ceiling_one_low_reading_does_not_let_workers_grow():
+    # a base past the margin, memory read at 96 GB of 100 for 20 ticks, then one reading 5% low (noise):
+    # the settled estimate of those readings stays near 96 GB, so no worker is added; a layer that saw
+    # only the low reading would add one (91 GB + its noise + a probe's 0.5 GB is under the 97 GB ceiling)
+    values = {"a.workers": 1, "b.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    up = np.array(DELTAS) > 0
+    for _ in range(20):
+        safety.mask(_obs(values, cpus=64, used_gb=96.0, limit_gb=100.0))
+    low = _obs(values, cpus=64, used_gb=91.0, limit_gb=100.0)
+    assert not safety.mask(low)[:, up].any()
+    assert safety.settled_memory(low) > 95.5 * GB
+    assert SafetyLayer(_knobs(values), DELTAS, margin=0.8).mask(low)[:, up].any()
+
+
 def test_simultaneous_increases_share_the_free_cpus_by_preference():
     values = {"a.workers": 2, "b.workers": 2, "c.workers": 2}
     knobs = _knobs(values)
@@ -76,7 +91,7 @@ def test_past_the_memory_margin_buffers_must_shrink_and_nothing_grows():
 
 def test_a_base_past_the_margin_still_lets_workers_grow_a_step_under_the_ceiling():
     # 84 GB of a 100 GB limit used outside any buffer: no buffer cut reaches the 0.8 margin, so workers may
-    # still grow (each priced at most PROBE_WORKER_BYTES until measured) while under WORKER_CEILING (0.9);
+    # still grow (each priced at most PROBE_WORKER_BYTES until measured) while under WORKER_CEILING (0.97);
     # the buffer still may only shrink
     values = {"a.workers": 1, "a.buffer_mb": 1, "b.workers": 1}
     safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
@@ -86,7 +101,7 @@ def test_a_base_past_the_margin_still_lets_workers_grow_a_step_under_the_ceiling
     assert mask[2].tolist() == [False, False, True, True, False]
     assert not mask[1, up].any()  # the buffer
     # at the ceiling nothing grows, and neither after an OOM
-    assert not SafetyLayer(_knobs(values), DELTAS, margin=0.8).mask(_obs(values, cpus=64, used_gb=89.8, limit_gb=100.0))[:, up].any()
+    assert not SafetyLayer(_knobs(values), DELTAS, margin=0.8).mask(_obs(values, cpus=64, used_gb=96.8, limit_gb=100.0))[:, up].any()
     oom = _obs(values, cpus=64, used_gb=84.0, limit_gb=100.0)
     oom = Observation(oom.tick, oom.dt_s, oom.throughput, oom.step_time_s, oom.cpus, oom.memory_used_bytes,
                       oom.memory_limit_bytes, oom.stages, oom=True)

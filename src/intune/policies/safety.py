@@ -38,9 +38,10 @@ from intune.policies.base import even_split
 
 MB = 1 << 20
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
-# where workers may still grow when memory that no buffer cut can free is already past the margin: past
-# where the reward starts to fall (0.85), short of an OOM (1.0)
-WORKER_CEILING = 0.9
+# where workers may still grow when memory that no buffer cut can free is already past the margin: a
+# limit on an upper confidence bound of memory (``settled_memory`` plus each added worker's upper bound),
+# so the 5% left below the OOM covers only what the projection cannot see (memory that comes once data flows)
+WORKER_CEILING = 0.97
 LEVEL_TICKS = 32  # recent ticks whose (workers, memory) levels fit what a worker costs
 LEVEL_MIN_POINTS = 6  # ... and the fewest that may
 
@@ -239,7 +240,37 @@ class SafetyLayer:
         floor = obs.memory_used_bytes - float(np.maximum(held - self._lo[mb, 0] * float(MB), 0.0).sum())
         if floor <= self.margin * obs.memory_limit_bytes:
             return budget
-        return WORKER_CEILING * obs.memory_limit_bytes - self.worst_case_memory(obs, values)
+        settled = self.worst_case_memory(obs, values) + max(0.0, self.settled_memory(obs) - obs.memory_used_bytes)
+        return WORKER_CEILING * obs.memory_limit_bytes - settled
+
+    def settled_memory(self, obs: Observation) -> float:
+        """An upper confidence bound of the memory used now, less noisy than one reading.
+
+        Near the limit one reading is not enough: a reading 2% low (one standard deviation of the
+        simulator's noise, of cgroup readings between allocator frees) would let workers grow into an
+        OOM. Memory outside buffers is fitted on the recent levels over the worker count (intercept and
+        slope; with the workers unchanged, their mean) and the fit's prediction at today's workers, plus
+        two standard errors of that prediction (from the residuals, never less than one reading's
+        noise over the points), is added to what the buffers hold now.
+        """
+        levels = self._levels
+        n = len(levels)
+        if not n:
+            return obs.memory_used_bytes + 2.0 * self._noise(obs) / math.sqrt(2.0)
+        buffered = sum(s.buffered_bytes for s in obs.stages)
+        workers = sum(s.workers for s in obs.stages)
+        w_mean = sum(p[0] for p in levels) / n
+        m_mean = sum(p[1] for p in levels) / n
+        sxx = sum((p[0] - w_mean) ** 2 for p in levels)
+        slope = sum((p[0] - w_mean) * (p[1] - m_mean) for p in levels) / sxx if sxx > 0 else 0.0
+        reading = self._noise(obs) / math.sqrt(2.0)  # one reading's standard deviation
+        if n > 2:
+            rss = sum((p[1] - m_mean - slope * (p[0] - w_mean)) ** 2 for p in levels)
+            sigma = max(math.sqrt(rss / (n - 2)), reading)
+        else:
+            sigma = reading
+        spread = 1.0 / n + ((workers - w_mean) ** 2 / sxx if sxx > 0 else 0.0)
+        return m_mean + slope * (workers - w_mean) + 2.0 * sigma * math.sqrt(spread) + buffered
 
     def trim(self, obs: Observation, values: Sequence[int]) -> np.ndarray:
         """Knob values with every buffer cut, if need be, so that memory fits under the margin.
