@@ -2,8 +2,9 @@
 
 Used by pretraining (the learning curve's validation score) and by the agent's simulator benchmark
 (``intune bench agent``, ``intune.bench.agent``). Every episode goes through ``intune.sim.run_episode``, exactly as
-the live runner applies requests. The optimum is the oracle's at the current CPUs and drift, searched
-at every resize and every ``OPTIMUM_REFRESH_TICKS``. It must not train anything.
+the live runner applies requests. The optimum is the most rows/s of any allocation that cannot OOM at
+the current CPUs and drift (``search_optimum(..., objective="throughput")``: no policy can exceed it),
+searched at every resize and every ``OPTIMUM_REFRESH_TICKS``. It must not train anything.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def score_episode(sim, policy, ticks: int | None = None, seed: int | None = None
     def on_tick(obs, applied) -> None:
         k = state["k"]
         if obs.cpus != state["cpus"] or state["since"] >= OPTIMUM_REFRESH_TICKS:
-            state["value"] = float(sim.optimum(int(obs.cpus))[1])
+            state["value"] = float(sim.optimum(int(obs.cpus), objective="throughput")[1])
             state["cpus"], state["since"] = obs.cpus, 0
         state["since"] += 1
         optimum[k] = state["value"]

@@ -349,11 +349,12 @@ class Simulator:
         w, b = self._arrays(alloc)
         return model.worst_case_memory(self.params, w, b)
 
-    def optimum(self, cpus: int | None = None) -> tuple[dict[str, int], float]:
-        """The oracle's best allocation on ``cpus`` (default: now) at the current drift, and its rows/s."""
+    def optimum(self, cpus: int | None = None, objective: str = "reward") -> tuple[dict[str, int], float]:
+        """The oracle's best allocation on ``cpus`` (default: now) at the current drift, and its rows/s;
+        ``objective`` as in ``intune.sim.oracle.search_optimum`` (the reward's, or the most rows/s)."""
         from intune.sim.oracle import search_optimum
 
-        return search_optimum(self, self.cpus if cpus is None else cpus)
+        return search_optimum(self, self.cpus if cpus is None else cpus, objective)
 
     # ------------------------------------------------------------------------------------------ tick
     def _advance(self, t: int) -> Observation:
