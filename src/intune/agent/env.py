@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from intune.agent.config import AgentConfig
-from intune.observation import Observation, reward
+from intune.monitor.observation import Observation, reward
 
 OPTIMUM_REFRESH_TICKS = 120  # drift moves the optimum slowly; recompute it this often (a search is ~20 ms)
 

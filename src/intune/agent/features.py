@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 
 MB = 1 << 20
 MAX_STAGES = 8

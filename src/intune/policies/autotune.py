@@ -59,7 +59,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies.autotune_model import (
     BUFFER_SIZE,
     PARALLELISM,

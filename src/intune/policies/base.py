@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 
 MB = 1 << 20
 

@@ -59,7 +59,7 @@ import numpy as np
 from scipy.optimize import linprog
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.base import MB, cpu_budget
 from intune.policies.static import changes
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.base import even_split
 
 MB = 1 << 20

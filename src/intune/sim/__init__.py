@@ -16,7 +16,7 @@ Stable API (the agent and the policies rely on these names)::
                     model_latency_s=None, noise=0.02)
     sim.knobs           # dict[str, intune.knobs.Knob]: "<stage>.workers" (cpu, 1..max_workers) and
                         # "<stage>.buffer_mb" (mb, for stages whose spec declares a buffer)
-    obs = sim.reset()   # tick 0 -> intune.observation.Observation; knobs back to the spec's defaults
+    obs = sim.reset()   # tick 0 -> intune.monitor.observation.Observation; knobs back to the spec's defaults
                         # (1 worker per stage, default buffers); reset(seed=...) restarts the streams
     obs = sim.step()    # one tick with the current knob values; obs.oom is True on the tick the job is
                         # killed; then throughput is 0 for restart_delay_s and buffers start empty

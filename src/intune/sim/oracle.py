@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import MEMORY_SAFE_FRACTION, Observation, memory_factor
+from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation, memory_factor
 from intune.sim import model
 from intune.sim.model import MB, ModelParams
 
