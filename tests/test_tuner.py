@@ -372,7 +372,7 @@ def test_report_plots_a_saved_history(tmp_path, capsys):
 
 
 def test_report_names_a_malformed_line(tmp_path):
-    from intune.bench.report import load_history
+    from intune.history import load_history
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"tick": 0}\n{not json\n')
