@@ -40,7 +40,7 @@ Rates, costs and memory carry multiplicative measurement noise of relative size 
 """
 
 from intune.sim.episode import EpisodeResult, convergence_ticks, run_episode
-from intune.sim.random_specs import random_workload
+from intune.sim.random_specs import random_pipeline_spec, random_workload
 from intune.sim.schedule import CpuSchedule, constant_schedule, paper_schedule, stepped_schedule
 from intune.sim.simulator import Simulator
 from intune.sim.spec import (
@@ -65,6 +65,7 @@ __all__ = [
     "list_workloads",
     "load_workload",
     "paper_schedule",
+    "random_pipeline_spec",
     "random_workload",
     "run_episode",
     "spec_from_dict",
