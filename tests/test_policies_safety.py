@@ -4,7 +4,8 @@ import numpy as np
 
 from intune.agent.config import AgentConfig
 from intune.agent.env import random_sim
-from intune.policies.safety import MB, SafetyLayer
+from intune.policies.safety import SafetyLayer
+from intune.units import MB
 from intune.knobs import Knob
 from intune.monitor.observation import Observation, StageObservation
 from _knobs import kind_of

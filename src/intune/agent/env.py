@@ -121,7 +121,8 @@ def _with_memory_and_consumer(rng: np.random.Generator, config: AgentConfig, spe
     best_alloc, best_throughput = probe.optimum(max_cpus)
     machine, consumer = spec.machine, spec.consumer
     if rng.random() < config.tight_memory_probability:
-        from intune.sim.model import GB, params_from_spec, worst_case_memory
+        from intune.sim.model import params_from_spec, worst_case_memory
+        from intune.units import GB
 
         p = params_from_spec(spec)
         workers = [best_alloc.get(f"{n}.workers", 1) for n in p.names]

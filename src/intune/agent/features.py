@@ -14,8 +14,8 @@ import numpy as np
 
 from intune.knobs import Knob
 from intune.monitor.observation import Observation, StageObservation
+from intune.units import MB
 
-MB = 1 << 20
 MAX_STAGES = 8
 MAX_KNOBS = 2 * MAX_STAGES  # workers and buffer per stage
 KINDS: tuple[str, ...] = ("read", "shuffle", "map", "batch", "prefetch")

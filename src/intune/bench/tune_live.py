@@ -35,8 +35,8 @@ from intune.bench import tune_workload as wl
 from intune.bench import md_report
 from intune.bench.machine_control import MemoryCgroup, memory_cgroup_unavailable
 from intune.results import format_table, machine_info, write_json
+from intune.units import MB
 
-MB = 1 << 20
 BENCHMARKS = ("convergence", "resize", "memory", "memory-floor")
 DEFAULT_POLICIES = ("intune", "heuristic", "plumber-adaptive", "autotune-adaptive")
 ROW_COLUMNS = ["benchmark", "policy", "metric", "value", "target", "unit", "meets"]

@@ -12,8 +12,8 @@ from typing import Protocol, runtime_checkable
 
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
+from intune.units import MB
 
-MB = 1 << 20
 
 
 @runtime_checkable

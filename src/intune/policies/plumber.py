@@ -60,7 +60,8 @@ from scipy.optimize import linprog
 
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
-from intune.policies.base import MB, cpu_budget
+from intune.policies.base import cpu_budget
+from intune.units import MB
 from intune.policies.static import changes
 
 MAX_PREFETCH_ELEMENTS = 256

@@ -35,8 +35,8 @@ import numpy as np
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
 from intune.policies.base import even_split
+from intune.units import MB
 
-MB = 1 << 20
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
 # where workers may still grow when memory that no buffer cut can free is already past the margin: past
 # where the reward starts to fall (0.85), short of an OOM (1.0)
