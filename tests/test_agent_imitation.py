@@ -11,7 +11,7 @@ from intune.agent.evaluate import score_episode
 from intune.agent.imitation import DaggerPolicy, imitate
 from intune.agent.policy import IntunePolicy
 from intune.agent.teacher import label_weights, teacher_choice
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies.safety import SafetyLayer
 from intune.sim.episode import run_episode
 from intune.sim.simulator import Simulator

@@ -157,7 +157,7 @@ def test_a_decision_on_a_background_thread_of_a_saturated_machine_takes_under_a_
 
 def _live_like(values, used_mb, limit_mb):
     from intune.knobs import Knob
-    from intune.observation import Observation, StageObservation
+    from intune.monitor.observation import Observation, StageObservation
 
     knobs = {n: Knob(n, "cpu" if n.endswith(".workers") else "mb", 1, 8192, get=lambda n=n: values[n],
                      set=lambda v, n=n: values.__setitem__(n, v)) for n in values}

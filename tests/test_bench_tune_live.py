@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from intune.bench import _tune_machine as machine
-from intune.bench import _tune_workload as wl
+from intune.bench import machine_control as machine
+from intune.bench import tune_workload as wl
 from intune.bench import tune_live as tl
 
 

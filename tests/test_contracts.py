@@ -4,7 +4,7 @@ import pytest
 
 from _knobs import dict_knobs
 from intune.knobs import Knob
-from intune.observation import OOM_PENALTY, Observation, memory_factor, reward
+from intune.monitor.observation import OOM_PENALTY, Observation, memory_factor, reward
 from intune.policies import clamp_request, even_split, make
 
 
@@ -68,7 +68,7 @@ def test_clamp_grants_a_light_knob_one_worker_past_the_cpus():
 
 
 def test_light_stages_are_those_waiting_on_something_else_than_the_cpus():
-    from intune.observation import StageObservation
+    from intune.monitor.observation import StageObservation
 
     def stage(name, workers, cpu_s, wall_s):
         return StageObservation(name, workers, 0, 10.0, 1000.0, cpu_s, wall_s, 1.0, 1.0, 0.0, 0.0, 0.5, 0.0)

@@ -104,7 +104,7 @@ def test_rank_and_world_come_from_torchrun_variables(monkeypatch: pytest.MonkeyP
 def test_each_rank_tunes_its_share_of_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks on this machine: each one starts with, and its tuner sees, half the CPUs."""
     monkeypatch.setattr(loader_module, "available_cpus", lambda *a, **k: 8.0)
-    monkeypatch.setattr("intune.monitor.available_cpus", lambda *a, **k: 8.0)
+    monkeypatch.setattr("intune.monitor.machine.available_cpus", lambda *a, **k: 8.0)
     with intune.DataLoader(
         IdRows(10), batch_size=5, rank=0, world_size=2, tune="none", max_workers=16
     ) as loader:

@@ -175,7 +175,7 @@ def test_real_cgroup_v1_child_with_a_memory_limit():
     import sys
     import uuid
 
-    version, dirs = monitor._cgroup_dirs("/", "memory", "memory.max")
+    version, dirs = monitor.machine._cgroup_dirs("/", "memory", "memory.max")
     if version != "v1" or not dirs:
         pytest.skip("needs a cgroup v1 memory hierarchy (this machine's layout)")
     child_cg = dirs[0] / f"intune-test-{uuid.uuid4().hex[:8]}"

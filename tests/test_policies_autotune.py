@@ -3,7 +3,7 @@
 import pytest
 
 from _knobs import dict_knobs
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
 from intune.policies.autotune import LegacyPrefetchAutotuner, RamBudget, share_pool
 from _knobs import kind_of

@@ -1,7 +1,7 @@
 """Every baseline plans on the CPU budget the runner grants every policy: CPUs plus measured slack."""
 
 from _knobs import dict_knobs
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies import make
 from intune.policies.base import cpu_budget
 

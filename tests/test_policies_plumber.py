@@ -8,7 +8,7 @@ import pytest
 
 from _knobs import dict_knobs
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
 from intune.policies.plumber import (
     PlumberPolicy,

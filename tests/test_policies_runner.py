@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from _knobs import dict_knobs, kind_of
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies.runner import Runner
 
 MB = 1 << 20

@@ -4,9 +4,10 @@ import numpy as np
 
 from intune.agent.config import AgentConfig
 from intune.agent.env import random_sim
-from intune.policies.safety import MB, SafetyLayer
+from intune.policies.safety import SafetyLayer
+from intune.units import MB
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from _knobs import kind_of
 
 DELTAS = (-5, -1, 0, 1, 5)

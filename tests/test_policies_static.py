@@ -1,7 +1,7 @@
 """The static baselines: none (one worker, minimal buffers) and heuristic (even split, re-split on resize)."""
 
 from _knobs import dict_knobs
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies import make
 
 _knobs = dict_knobs

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from _knobs import dict_knobs, kind_of
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
 from intune.policies.steer import SteerConfig, SteerPolicy
 

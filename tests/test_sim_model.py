@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from intune.sim import model, spec_from_dict
-from intune.sim.model import GB, MB
+from intune.units import GB, MB
 
 
 def _params(stages, **machine):

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from intune.observation import MEMORY_SAFE_FRACTION, memory_factor
+from intune.monitor.observation import MEMORY_SAFE_FRACTION, memory_factor
 from intune.policies import POLICY_NAMES, even_split, make
 from intune.sim import Simulator, model, paper_schedule, random_workload, run_episode, spec_from_dict
 from intune.sim.oracle import (

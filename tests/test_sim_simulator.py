@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies import even_split
 from intune.sim import (
     Simulator,

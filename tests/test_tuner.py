@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from intune.knobs import Knob
-from intune.live_observation import cpu_slack, observe
+from intune.monitor.live import observe
 from intune.monitor import Monitor
-from intune.observation import reward
+from intune.monitor.observation import cpu_slack, reward
 from intune.pipeline.metrics import PipelineMetrics, StageMetrics
 from intune.tuner import Tuner, tune
 
@@ -372,7 +372,7 @@ def test_report_plots_a_saved_history(tmp_path, capsys):
 
 
 def test_report_names_a_malformed_line(tmp_path):
-    from intune.bench.report import load_history
+    from intune.history import load_history
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"tick": 0}\n{not json\n')
@@ -461,8 +461,8 @@ def test_closing_the_real_pipeline_stops_the_tuner():
 
 
 def test_the_cpu_budget_keeps_its_recent_highest_so_a_removed_worker_can_come_back():
-    from intune.observation import Observation
-    from intune.policies.runner import RecentCpuBudget
+    from intune.monitor.observation import Observation
+    from intune.monitor.cpu_budget import RecentCpuBudget
 
     def obs(cpus, slack):
         return Observation(0, 1.0, 1.0, 0.0, cpus, 0.0, 0.0, (), cpu_slack=slack)

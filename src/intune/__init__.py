@@ -16,7 +16,7 @@ _LAZY = {
     "Pipeline": ("intune.pipeline", "Pipeline"),
     "DataLoader": ("intune.dataloader", "DataLoader"),
     "Knob": ("intune.knobs", "Knob"),
-    "Observation": ("intune.observation", "Observation"),
+    "Observation": ("intune.monitor.observation", "Observation"),
     "monitor": ("intune.monitor", None),
     "tune": ("intune.tuner", "tune"),
     "Tuner": ("intune.tuner", "Tuner"),

@@ -26,7 +26,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("sim", "calibrate"), "intune.sim.calibrate", "fit the simulator to the real engine and check its predictions"),
     (("data", "generate"), "intune.dlrm.datagen_cli", "generate Criteo-format data (Parquet or TSV)"),
     (("data", "convert"), "intune.dlrm.convert_cli", "convert Criteo TSV files to Parquet"),
-    (("report",), "intune.bench.report", "plot a tuner history (JSON lines) to PNG"),
+    (("report",), "intune.history", "plot a tuner history (JSON lines) to PNG"),
 ]
 
 

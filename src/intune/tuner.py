@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from intune.knobs import Knob
-from intune.live_observation import observe
+from intune.monitor.live import observe
 from intune.monitor import Monitor
-from intune.observation import Observation, reward
+from intune.monitor.observation import Observation, reward
 from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, Policy, make
 from intune.policies.runner import Runner
 

@@ -26,7 +26,7 @@ from intune.agent.network import BranchingQNetwork
 from intune.agent.replay import NStepAccumulator, ReplayBuffer
 from intune.agent.teacher import teacher_choice
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.runner import Runner
 from intune.policies.safety import SafetyLayer
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from intune.agent.config import AgentConfig
-from intune.observation import Observation, reward
+from intune.monitor.observation import Observation, reward
 
 OPTIMUM_REFRESH_TICKS = 120  # drift moves the optimum slowly; recompute it this often (a search is ~20 ms)
 
@@ -95,55 +95,6 @@ def random_schedule(rng: np.random.Generator, config: AgentConfig, ticks: int):
     return CpuSchedule(starts=tuple(starts), levels=tuple(levels), length_ticks=ticks + 1)
 
 
-def random_spec(rng: np.random.Generator, n_stages: int, name: str = "random"):
-    """A random pipeline: read first, prefetch last, map/UDF/shuffle/batch stages between.
-
-    Covers what the issue lists: CPU cost and its variance, I/O share, GIL-bound thread stages,
-    process workers (~100+ MB each), a shuffle buffer's fixed memory, drifting UDF costs.
-    """
-    from intune.sim.spec import spec_from_dict
-
-    def log_uniform(lo: float, hi: float) -> float:
-        return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-
-    middle = ["batch"] if n_stages >= 3 else []
-    while len(middle) < n_stages - 2:
-        middle.append(str(rng.choice(["udf", "udf", "map", "shuffle"])))
-    rng.shuffle(middle)
-    kinds = ["read", *middle, "prefetch"][:n_stages] if n_stages >= 2 else ["read"]
-    if n_stages == 2:
-        kinds = ["read", "udf"]
-    stages = []
-    for i, kind in enumerate(kinds):
-        stage: dict = {"name": f"{kind}{i}", "kind": kind, "cpu_cv": rng.uniform(0.0, 1.0),
-                       "contention": rng.uniform(0.0, 0.02), "queue_items": int(rng.integers(1, 5))}
-        if kind == "read":
-            stage.update(cpu_us_per_row=log_uniform(0.3, 10.0), io_us_per_row=log_uniform(0.1, 60.0) * (rng.random() < 0.8),
-                         worker_mb=log_uniform(4, 32))
-        elif kind == "udf":
-            stage.update(cpu_us_per_row=log_uniform(1.0, 80.0), drift={"amplitude": rng.uniform(0.0, 0.5),
-                                                                   "period_s": log_uniform(100.0, 2000.0)})
-        elif kind == "shuffle":
-            stage.update(cpu_us_per_row=log_uniform(0.3, 10.0), fixed_mb=log_uniform(64, 4096))
-        else:
-            stage.update(cpu_us_per_row=log_uniform(0.3, 30.0))
-        if kind in ("udf", "map", "batch") and rng.random() < 0.5:
-            stage.update(mode="process", worker_mb=log_uniform(60, 300))
-        elif kind != "read" and rng.random() < 0.3:
-            stage.update(gil_fraction=rng.uniform(0.2, 1.0))
-        if kind in ("read", "prefetch") or rng.random() < 0.25:
-            stage["buffer"] = {"min": 1, "max": 4096, "default": int(rng.choice([8, 16, 64, 256]))}
-        stages.append(stage)
-    base = log_uniform(1.0, 12.0)
-    limit = base + log_uniform(8.0, 200.0)
-    return spec_from_dict({
-        "name": name, "stages": stages, "batch_size": int(rng.choice([256, 1024, 4096, 24096])),
-        "chunk_rows": int(rng.choice([512, 1024, 4096])), "bytes_per_row": log_uniform(50, 2000),
-        "machine": {"cpus": 32, "memory_limit_gb": limit, "host_memory_gb": max(256.0, limit), "base_memory_gb": base,
-                    "restart_delay_s": 30.0, "oversubscription_cost": rng.uniform(0.1, 0.5)},
-    }, source=f"agent.env.random_spec({name})")
-
-
 def random_sim(rng: np.random.Generator, config: AgentConfig, ticks: int | None = None, seed: int | None = None):
     """A random pipeline on a random machine, as a Simulator (the pretraining distribution)."""
     from intune.sim.simulator import Simulator
@@ -155,8 +106,10 @@ def random_sim(rng: np.random.Generator, config: AgentConfig, ticks: int | None 
         from intune.sim import random_workload
 
         spec = random_workload(rng, n_stages=n_stages, cpus=schedule.levels[0])
-    else:
-        spec = _with_memory_and_consumer(rng, config, random_spec(rng, n_stages), schedule.max_cpus)
+    else:  # a wider spread of stage costs on a fixed machine, memory and consumer drawn below
+        from intune.sim.random_specs import random_pipeline_spec
+
+        spec = _with_memory_and_consumer(rng, config, random_pipeline_spec(rng, n_stages), schedule.max_cpus)
     return Simulator(spec, cpus=schedule, seed=int(rng.integers(2**31)) if seed is None else seed)
 
 
@@ -168,7 +121,8 @@ def _with_memory_and_consumer(rng: np.random.Generator, config: AgentConfig, spe
     best_alloc, best_throughput = probe.optimum(max_cpus)
     machine, consumer = spec.machine, spec.consumer
     if rng.random() < config.tight_memory_probability:
-        from intune.sim.model import GB, params_from_spec, worst_case_memory
+        from intune.sim.model import params_from_spec, worst_case_memory
+        from intune.units import GB
 
         p = params_from_spec(spec)
         workers = [best_alloc.get(f"{n}.workers", 1) for n in p.names]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from intune.agent.env import OPTIMUM_REFRESH_TICKS
-from intune.observation import reward
+from intune.monitor.observation import reward
 
 
 @dataclass

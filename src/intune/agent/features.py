@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
+from intune.units import MB
 
-MB = 1 << 20
 MAX_STAGES = 8
 MAX_KNOBS = 2 * MAX_STAGES  # workers and buffer per stage
 KINDS: tuple[str, ...] = ("read", "shuffle", "map", "batch", "prefetch")

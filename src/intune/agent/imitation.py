@@ -28,7 +28,7 @@ from intune.agent.features import MAX_KNOBS
 from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
 from intune.agent.teacher import label_weights, teacher_choice
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.sim.oracle import OraclePolicy
 
 TEACHER_REFRESH_TICKS = 30  # drift moves the optimum slowly: the teacher re-searches it this often

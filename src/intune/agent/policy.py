@@ -25,8 +25,8 @@ from intune.agent.network import BranchingQNetwork, NumpyQ
 from intune.agent.online_adam import OnlineAdam
 from intune.agent.replay import ReplayBuffer
 from intune.knobs import Knob
-from intune.observation import OOM_PENALTY, Observation
-from intune.observation import reward as contract_reward
+from intune.monitor.observation import OOM_PENALTY, Observation
+from intune.monitor.observation import reward as contract_reward
 from intune.policies.safety import SafetyLayer, shuffle_floor, start_allocation
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")

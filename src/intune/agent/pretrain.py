@@ -27,7 +27,7 @@ from intune.agent.env import SimEnv, random_sim
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import ImitationLog, imitate
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
-from intune.bench.results import save_figure
+from intune.results import save_figure
 
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
 VALIDATION_PIPELINES = 8

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.safety import SafetyLayer
 
 

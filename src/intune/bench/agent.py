@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from intune.bench import md_report
-from intune.bench.results import format_table, machine_info, write_json
+from intune.results import format_table, machine_info, write_json
 from intune.policies import POLICY_NAMES, make
 
 HELD_OUT_SEEDS = (20_231_117, 777)

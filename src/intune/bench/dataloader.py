@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from intune.bench import md_report
-from intune.bench import results as bench_results
+from intune.bench import child
 
 FULL = {"rows": 400_000, "measure_rows": 400_000, "cost_batches": 10, "timeout_s": 900}
 QUICK = {"rows": 60_000, "measure_rows": 60_000, "cost_batches": 3, "timeout_s": 300}
@@ -108,7 +108,7 @@ def entry_spec(base: Mapping[str, Any], entry: Entry) -> dict[str, Any]:
 def run_child(spec: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     """One run in a fresh process (``python -m intune.bench.dataloader_systems``): its result, or an
     error (exit status and the last lines of its output, or the timeout) instead of raising."""
-    return bench_results.run_child('intune.bench.dataloader_systems', spec, timeout_s, {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore::UserWarning"})
+    return child.run_child('intune.bench.dataloader_systems', spec, timeout_s, {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore::UserWarning"})
 
 
 def run_rounds(
@@ -260,7 +260,7 @@ def extra_ratios(results: Sequence[Mapping[str, Any]], ours: Entry) -> dict[str,
 def run(args: argparse.Namespace) -> int:
     from intune import monitor
     from intune.bench.dataloader_systems import prepare_data
-    from intune.bench.results import format_table, write_json
+    from intune.results import format_table, write_json
     from intune.dlrm.workload import cache_dir
 
     if args.rounds < 1:
@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {write_json(args.json, results, **extra)}")
     if args.md:
-        from intune.bench.results import machine_info
+        from intune.results import machine_info
 
         payload = {"machine": machine_info(), "results": results, **extra}
         print(

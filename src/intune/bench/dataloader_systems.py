@@ -35,7 +35,7 @@ TABLE_SIZE = 100_000
 
 
 def _mix(x: int) -> int:
-    """A 64-bit integer mix (splitmix64's finaliser)."""
+    """A 64-bit integer mix in pure Python, row by row as user code is written (not intune.hashing)."""
     x = (x * 0x9E3779B97F4A7C15) & MASK
     x ^= x >> 29
     x = (x * 0xBF58476D1CE4E5B9) & MASK

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from intune.bench import md_report
-from intune.bench.results import format_table, machine_info, write_json
+from intune.results import format_table, machine_info, write_json
 from intune.monitor import process_tree_rss
 
 

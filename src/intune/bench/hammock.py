@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from intune.bench import md_report
-from intune.bench.results import format_table, machine_info, write_json
+from intune.results import format_table, machine_info, write_json
 
 TARGET_AUC_GAP = 0.005
 MODELS = ("hammock", "hammock-gbdt-bins", "hammock-gbdt-init", "hammock-converted", "lightgbm", "xgboost", "hist-gb", "linear", "mlp")

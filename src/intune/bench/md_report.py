@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from intune.bench.results import format_table
+from intune.results import format_table
 
 Rows = Sequence[Mapping[str, Any]]
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from intune.bench import md_report
-from intune.bench import results as bench_results
+from intune.bench import child
 from intune.bench.real_systems import COSTS
-from intune.bench.results import save_figure
+from intune.results import save_figure
 
 ENGINE_POLICIES = ("none", "heuristic", "autotune", "plumber", "intune")
 QUICK = {
@@ -226,12 +226,12 @@ def run_rounds(
 def run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """One run in a fresh process (``python -m intune.bench.real_systems``): its result, or an error
     (exit status and the last lines of its output, or the timeout) instead of raising."""
-    return bench_results.run_child('intune.bench.real_systems', spec, timeout_s, {"TF_CPP_MIN_LOG_LEVEL": "2"})
+    return child.run_child('intune.bench.real_systems', spec, timeout_s, {"TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 def run(args: argparse.Namespace) -> int:
     from intune import monitor
-    from intune.bench.results import format_table, write_json
+    from intune.results import format_table, write_json
     from intune.dlrm import workload
 
     if args.rounds < 1:
@@ -295,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"wrote {plot(summary, bound, args.plot)}")
     if args.md:
-        from intune.bench.results import machine_info
+        from intune.results import machine_info
 
         payload = {"machine": machine_info(), "results": results, **extra}
         report = markdown_report(payload, md_report.command_line(("bench", "real")))

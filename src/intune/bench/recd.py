@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from intune.bench import md_report
-from intune.bench.results import format_table, machine_info, save_figure, write_json
+from intune.results import format_table, machine_info, save_figure, write_json
 
 TARGETS = {"storage_ratio": 2.0, "preprocess_ratio": 1.5, "train_ratio": 1.5}  # at mean session length 8
 CONTROL_FLOOR = 0.95  # at length 1, dedup may be at most 5% slower

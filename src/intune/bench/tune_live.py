@@ -1,9 +1,9 @@
 """``intune bench tune``: tuning policies on the real engine on this machine (issue 4, items 6-8).
 
 1. convergence: an exhaustive search over the worker allocations finds the best rows/s of the
-   benchmark pipeline (``_tune_workload``); then every policy runs live from the even split and we
+   benchmark pipeline (``tune_workload``); then every policy runs live from the even split and we
    report its rows/s over the last 15 s and when it first sustained >= 90% of that best;
-2. resize: mid-run the process is restricted to 1 CPU and later given 2 back (``_tune_machine``:
+2. resize: mid-run the process is restricted to 1 CPU and later given 2 back (``machine_control``:
    affinity of every thread and child process); we report how long each policy takes to reach 90% of
    the per-phase best again and that every row arrived exactly once;
 3. memory: the pipeline runs in a child process inside a cgroup-v1 memory cgroup whose limit the even
@@ -31,12 +31,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from intune.bench import _tune_workload as wl
+from intune.bench import tune_workload as wl
 from intune.bench import md_report
-from intune.bench._tune_machine import MemoryCgroup, memory_cgroup_unavailable
-from intune.bench.results import format_table, machine_info, write_json
+from intune.bench.machine_control import MemoryCgroup, memory_cgroup_unavailable
+from intune.results import format_table, machine_info, write_json
+from intune.units import MB
 
-MB = 1 << 20
 BENCHMARKS = ("convergence", "resize", "memory", "memory-floor")
 DEFAULT_POLICIES = ("intune", "heuristic", "plumber-adaptive", "autotune-adaptive")
 ROW_COLUMNS = ["benchmark", "policy", "metric", "value", "target", "unit", "meets"]

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from intune.bench.report import plot_history, summarize
+    from intune.history import plot_history, summarize
     from intune.dlrm import workload
     from intune.dlrm.train import evaluate, heldout_batches, train
     from intune.tuner import tune

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from intune.hashing import splitmix64
+
 Chunk = dict[str, np.ndarray]
 NGRAM_BASE = 1_000_003
 """Multiplier that folds consecutive IDs into one n-gram ID (before any hashing)."""
@@ -28,9 +30,6 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX_LUT[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX_LUT[_c] = 10 + _i
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _column(chunk: Mapping[str, np.ndarray], name: str, op: str) -> np.ndarray:
@@ -88,19 +87,6 @@ def hex_to_int(values: np.ndarray, column: str = "?") -> tuple[np.ndarray, np.nd
             raise ValueError(f"HexHash: column {column!r} row {row}: {values[row].item()!r} is not a hex ID")
         result = np.where(present, result * 16 + digit, result)
     return result, missing
-
-
-def splitmix64(values: np.ndarray, salt: int = 0) -> np.ndarray:
-    """The splitmix64 finaliser of ``values + salt * golden`` as uint64: a fast well-mixed hash."""
-    with np.errstate(over="ignore"):
-        x = (
-            values.astype(np.int64, copy=False).view(np.uint64)
-            + np.uint64(salt & 0xFFFFFFFFFFFFFFFF) * _GOLDEN
-        )
-        x = x + _GOLDEN
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        return x ^ (x >> np.uint64(31))
 
 
 def _ragged(chunk: Mapping[str, np.ndarray], name: str, op: str) -> tuple[np.ndarray, np.ndarray]:

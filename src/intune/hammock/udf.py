@@ -72,7 +72,8 @@ class Bucketize:
         return cls(tuple(tuple(float(v) for v in e) for e in edges.edges), table_size)
 
     def __call__(self, chunk: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from intune.dlrm.ops import hex_to_int, splitmix64
+        from intune.dlrm.ops import hex_to_int
+        from intune.hashing import splitmix64
 
         missing = [c for c in ("label", *DENSE_COLUMNS, *SPARSE_COLUMNS) if c not in chunk]
         if missing:

@@ -41,10 +41,25 @@ def validate_chunk(chunk: Any, where: str) -> Chunk:
     return out
 
 
+def ragged_lengths_name(chunk: Mapping[str, Any], name: str) -> str | None:
+    """The ``<feature>.lengths`` column that counts the rows of ``name`` when ``name`` is a
+    ``<feature>.values`` column of ``chunk`` with that partner; ``None`` for a plain column.
+
+    A ragged feature is the pair: row ``i`` holds ``lengths[i]`` consecutive entries of ``values``, so
+    ``values`` is as long as ``lengths`` sums to, and every other column has one entry per row."""
+    if name.endswith(".values"):
+        lengths = name[: -len(".values")] + ".lengths"
+        if lengths in chunk:
+            return lengths
+    return None
+
+
 def num_rows(chunk: Mapping[str, np.ndarray]) -> int:
-    """Rows of a chunk: the length of its first column (0 for an empty dict)."""
-    for column in chunk.values():
-        return len(column)
+    """Rows of a chunk: the length of its first column that is not a ragged ``.values`` column (0 for
+    an empty dict)."""
+    for name, column in chunk.items():
+        if ragged_lengths_name(chunk, name) is None:
+            return len(column)
     return 0
 
 

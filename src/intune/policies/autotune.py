@@ -59,7 +59,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from intune.knobs import Knob
-from intune.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation
 from intune.policies.autotune_model import (
     BUFFER_SIZE,
     PARALLELISM,
@@ -71,7 +71,8 @@ from intune.policies.autotune_model import (
     output_time,
     with_values,
 )
-from intune.policies.base import MB, cpu_budget
+from intune.policies.base import cpu_budget
+from intune.units import MB
 from intune.policies.static import changes
 
 RAM_BUDGET_SHARE = 0.5  # kRamBudgetShare

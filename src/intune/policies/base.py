@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
+from intune.units import MB
 
-MB = 1 << 20
 
 
 @runtime_checkable

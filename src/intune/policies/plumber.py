@@ -59,8 +59,9 @@ import numpy as np
 from scipy.optimize import linprog
 
 from intune.knobs import Knob
-from intune.observation import Observation
-from intune.policies.base import MB, cpu_budget
+from intune.monitor.observation import Observation
+from intune.policies.base import cpu_budget
+from intune.units import MB
 from intune.policies.static import changes
 
 MAX_PREFETCH_ELEMENTS = 256

@@ -16,38 +16,13 @@ It must not hold any policy's algorithm, nor read the machine (the Observation c
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.cpu_budget import CPU_BUDGET_TICKS, RecentCpuBudget
+from intune.monitor.observation import Observation
 from intune.policies.base import ClampResult, clamp_request
-
-CPU_BUDGET_TICKS = 20
-"""Ticks over which the CPU budget (CPUs + measured slack) keeps its highest value."""
-
-
-class RecentCpuBudget:
-    """Keeps the CPU budget at its highest over the last ``CPU_BUDGET_TICKS`` ticks at one CPU count.
-
-    On a saturated machine the measured budget equals the workers in place (they use every CPU), so
-    right after a worker is removed the budget falls with it and the worker could never come back, even
-    where it had just been measured better. Granting what was recently granted lets a policy undo a
-    step; a CPU change starts afresh.
-    """
-
-    def __init__(self, ticks: int = CPU_BUDGET_TICKS) -> None:
-        self._cpus: float | None = None
-        self._budgets: deque[float] = deque(maxlen=ticks)
-
-    def apply(self, obs: Observation) -> Observation:
-        """``obs`` with ``cpu_slack`` raised so that CPUs + slack is the recent highest budget."""
-        if obs.cpus != self._cpus:
-            self._cpus = obs.cpus
-            self._budgets.clear()
-        self._budgets.append(obs.cpus + obs.cpu_slack)
-        return replace(obs, cpu_slack=max(self._budgets) - obs.cpus)
 
 
 def memory_free_bytes(obs: Observation) -> float:
@@ -106,4 +81,4 @@ class Runner:
         return ClampResult(requested=clamped.requested, applied=applied)
 
 
-__all__ = ["CPU_BUDGET_TICKS", "RecentCpuBudget", "Runner", "memory_free_bytes"]
+__all__ = ["Runner", "memory_free_bytes"]

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.base import even_split
+from intune.units import MB
 
-MB = 1 << 20
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
 # where workers may still grow when memory that no buffer cut can free is already past the margin: a
 # limit on an upper confidence bound of memory (``settled_memory`` plus each added worker's upper bound),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.base import cpu_budget, even_split
 
 

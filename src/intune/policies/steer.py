@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.allocation_memory import AllocationMemory
 from intune.policies.safety import SafetyLayer, shuffle_floor, start_allocation
 from intune.policies.steer_rules import RULES, Rule, Tick

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.allocation_memory import Workers
 
 if TYPE_CHECKING:

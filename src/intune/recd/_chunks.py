@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from intune.pipeline.chunks import num_rows, ragged_lengths_name
+
 Chunk = dict[str, np.ndarray]
 
 
@@ -22,29 +24,12 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(starts, dtype=np.int64) - row_off, lengths) + np.arange(total, dtype=np.int64)
 
 
-def _values_of(chunk: Mapping[str, np.ndarray], name: str) -> str | None:
-    """The lengths column of a ``.values`` column, or None for a plain column."""
-    if name.endswith(".values"):
-        lengths = name[: -len(".values")] + ".lengths"
-        if lengths in chunk:
-            return lengths
-    return None
-
-
-def num_rows(chunk: Mapping[str, np.ndarray]) -> int:
-    """Rows of a chunk: the length of any column that is not a ``.values`` column."""
-    for name, col in chunk.items():
-        if _values_of(chunk, name) is None:
-            return int(col.shape[0])
-    return 0
-
-
 def take_rows(chunk: Mapping[str, np.ndarray], rows: np.ndarray) -> Chunk:
     """The given rows of a chunk, in that order."""
     rows = np.asarray(rows, dtype=np.int64)
     out: Chunk = {}
     for name, col in chunk.items():
-        lengths_name = _values_of(chunk, name)
+        lengths_name = ragged_lengths_name(chunk, name)
         if lengths_name is None:
             out[name] = col[rows]
         else:

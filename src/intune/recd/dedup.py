@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from intune.recd._chunks import ranges
-from intune.recd._hashing import column_bits, mix64
+from intune.hashing import column_bits, mix64
 from intune.recd.ikjt import IKJT, INVERSE, UNIQUE, gather_jagged
 
 Chunk = dict[str, np.ndarray]

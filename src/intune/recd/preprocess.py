@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from intune.recd._hashing import mix64
+from intune.hashing import mix64
 from intune.recd.dedup import GroupUDF
 from intune.recd.model import SessionDLRMConfig
 from intune.recd.sessions import USER_COLUMNS

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from intune.recd._chunks import ranges, take_rows
-from intune.recd._hashing import mix64
+from intune.hashing import mix64
 
 USER_DENSE = ("user_clicks", "user_views", "user_days", "user_purchases")
 USER_SPARSE = ("user_id", "user_country", "user_device")

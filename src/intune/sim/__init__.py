@@ -16,7 +16,7 @@ Stable API (the agent and the policies rely on these names)::
                     model_latency_s=None, noise=0.02)
     sim.knobs           # dict[str, intune.knobs.Knob]: "<stage>.workers" (cpu, 1..max_workers) and
                         # "<stage>.buffer_mb" (mb, for stages whose spec declares a buffer)
-    obs = sim.reset()   # tick 0 -> intune.observation.Observation; knobs back to the spec's defaults
+    obs = sim.reset()   # tick 0 -> intune.monitor.observation.Observation; knobs back to the spec's defaults
                         # (1 worker per stage, default buffers); reset(seed=...) restarts the streams
     obs = sim.step()    # one tick with the current knob values; obs.oom is True on the tick the job is
                         # killed; then throughput is 0 for restart_delay_s and buffers start empty
@@ -40,7 +40,7 @@ Rates, costs and memory carry multiplicative measurement noise of relative size 
 """
 
 from intune.sim.episode import EpisodeResult, convergence_ticks, run_episode
-from intune.sim.random_specs import random_workload
+from intune.sim.random_specs import random_pipeline_spec, random_workload
 from intune.sim.schedule import CpuSchedule, constant_schedule, paper_schedule, stepped_schedule
 from intune.sim.simulator import Simulator
 from intune.sim.spec import (
@@ -65,6 +65,7 @@ __all__ = [
     "list_workloads",
     "load_workload",
     "paper_schedule",
+    "random_pipeline_spec",
     "random_workload",
     "run_episode",
     "spec_from_dict",

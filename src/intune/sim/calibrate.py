@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.bench.results import format_table, write_json
+from intune.results import format_table, write_json
 from intune.sim import model, spec_from_dict
 
 CHUNK_ROWS = 1000

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from intune.observation import Observation
+from intune.monitor.observation import Observation
 from intune.policies.base import Policy
 from intune.policies.runner import Runner
 

@@ -33,9 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from intune.sim.spec import WorkloadSpec
+from intune.units import GB, MB
 
-MB = 1 << 20
-GB = 1 << 30
 DEFAULT_WORKER_MB = {"thread": 8.0, "process": 120.0}
 
 

@@ -60,9 +60,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import MEMORY_SAFE_FRACTION, Observation, memory_factor
+from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation, memory_factor
 from intune.sim import model
-from intune.sim.model import MB, ModelParams
+from intune.sim.model import ModelParams
+from intune.units import MB
 
 _BISECTIONS = 60
 _REWARD_TOLERANCE = 1e-7  # the reward's branch and bound stops when no interval can beat the best by more

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.bench.results import save_figure
+from intune.results import save_figure
 
 
 def _smooth(x: np.ndarray, k: int) -> np.ndarray:

@@ -1,6 +1,9 @@
-"""Random workloads for pretraining the agent: many pipelines unlike each other, all valid specs.
+"""Random workloads for pretraining the agent and for held-out benchmarks: many pipelines unlike
+each other, all valid specs.
 
-Owns ``random_workload(rng, ...)``: stage count, per-row costs and their shares, I/O share, GIL-bound
+Owns both random generators. ``random_pipeline_spec`` is the second pretraining distribution (see
+its docstring). ``random_workload(rng, ...)`` (pretraining and the held-out specs of
+``intune bench agent``) draws: stage count, per-row costs and their shares, I/O share, GIL-bound
 thread stages, process vs thread workers, contention, variance and drift, item sizes, memory (worker
 memory, fixed buffers, a limit that is sometimes tight), CPUs, and a consumer that is sometimes the
 bottleneck. Ranges are wide on purpose (a policy pretrained here must not overfit one pipeline).
@@ -8,6 +11,8 @@ It must not run simulations beyond the one model evaluation that places the cons
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -19,6 +24,7 @@ from intune.sim.spec import (
     MachineSpec,
     StageSpec,
     WorkloadSpec,
+    spec_from_dict,
     validate,
     workload_variant,
 )
@@ -143,3 +149,56 @@ def random_workload(
         demand = none * float(rng.uniform(2.0, 20.0))
         spec = workload_variant(spec, name=spec.name, model_latency_s=spec.batch_size / demand)
     return spec
+
+
+def random_pipeline_spec(rng: np.random.Generator, n_stages: int, name: str = "random") -> WorkloadSpec:
+    """A random pipeline on a 32-CPU machine with no consumer: read first, prefetch last,
+    map/UDF/shuffle/batch stages between.
+
+    The second distribution that pretraining draws from (``intune.agent.env.random_sim``: half its
+    pipelines, which then get a memory limit and a consumer there): per-stage costs drawn on their
+    own rather than as shares of one pipeline latency, per-row CPU cost and its variance, I/O share,
+    GIL-bound thread stages, process workers (~100+ MB each), a shuffle buffer's fixed memory,
+    drifting UDF costs. Kept apart from ``random_workload`` because the committed weights were
+    pretrained on both draws as they are.
+    """
+
+    def log_uniform(lo: float, hi: float) -> float:
+        return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+    middle = ["batch"] if n_stages >= 3 else []
+    while len(middle) < n_stages - 2:
+        middle.append(str(rng.choice(["udf", "udf", "map", "shuffle"])))
+    rng.shuffle(middle)
+    kinds = ["read", *middle, "prefetch"][:n_stages] if n_stages >= 2 else ["read"]
+    if n_stages == 2:
+        kinds = ["read", "udf"]
+    stages = []
+    for i, kind in enumerate(kinds):
+        stage: dict = {"name": f"{kind}{i}", "kind": kind, "cpu_cv": rng.uniform(0.0, 1.0),
+                       "contention": rng.uniform(0.0, 0.02), "queue_items": int(rng.integers(1, 5))}
+        if kind == "read":
+            stage.update(cpu_us_per_row=log_uniform(0.3, 10.0), io_us_per_row=log_uniform(0.1, 60.0) * (rng.random() < 0.8),
+                         worker_mb=log_uniform(4, 32))
+        elif kind == "udf":
+            stage.update(cpu_us_per_row=log_uniform(1.0, 80.0), drift={"amplitude": rng.uniform(0.0, 0.5),
+                                                                   "period_s": log_uniform(100.0, 2000.0)})
+        elif kind == "shuffle":
+            stage.update(cpu_us_per_row=log_uniform(0.3, 10.0), fixed_mb=log_uniform(64, 4096))
+        else:
+            stage.update(cpu_us_per_row=log_uniform(0.3, 30.0))
+        if kind in ("udf", "map", "batch") and rng.random() < 0.5:
+            stage.update(mode="process", worker_mb=log_uniform(60, 300))
+        elif kind != "read" and rng.random() < 0.3:
+            stage.update(gil_fraction=rng.uniform(0.2, 1.0))
+        if kind in ("read", "prefetch") or rng.random() < 0.25:
+            stage["buffer"] = {"min": 1, "max": 4096, "default": int(rng.choice([8, 16, 64, 256]))}
+        stages.append(stage)
+    base = log_uniform(1.0, 12.0)
+    limit = base + log_uniform(8.0, 200.0)
+    return spec_from_dict({
+        "name": name, "stages": stages, "batch_size": int(rng.choice([256, 1024, 4096, 24096])),
+        "chunk_rows": int(rng.choice([512, 1024, 4096])), "bytes_per_row": log_uniform(50, 2000),
+        "machine": {"cpus": 32, "memory_limit_gb": limit, "host_memory_gb": max(256.0, limit), "base_memory_gb": base,
+                    "restart_delay_s": 30.0, "oversubscription_cost": rng.uniform(0.1, 0.5)},
+    }, source=f"sim.random_pipeline_spec({name})")

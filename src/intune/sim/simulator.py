@@ -2,7 +2,7 @@
 
 Owns the state that changes over ticks (knob values, buffered bytes, the OOM/restart clock, drift and
 noise streams) and turns the pure model of ``intune.sim.model`` into the same
-``intune.observation.Observation`` the live tuner produces, with measurement noise. Knobs are real
+``intune.monitor.observation.Observation`` the live tuner produces, with measurement noise. Knobs are real
 ``intune.knobs.Knob`` objects: setting one changes the simulated allocation from the next tick on.
 It must not choose allocations (policies do) nor search for the optimum beyond delegating to
 ``intune.sim.oracle``.
@@ -24,16 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from intune.knobs import Knob
-from intune.observation import STAGE_KINDS, Observation, StageObservation, cpu_slack
+from intune.monitor.observation import Observation, StageObservation, cpu_slack, observed_kind
 from intune.sim import model
 from intune.sim.schedule import CpuSchedule, constant_schedule
 from intune.sim.spec import WorkloadSpec, load_workload, workload_variant
-
-def observed_kind(spec_kind: str) -> str:
-    """The Observation's kind (``STAGE_KINDS``) of a spec stage's kind: a ``udf`` is a map stage."""
-    kind = "map" if spec_kind == "udf" else spec_kind
-    return kind if kind in STAGE_KINDS else "stage"
-
 
 _BLOCK = 512  # ticks of drift and noise drawn at once
 _FILL_EVERY = 4  # ticks between recomputations of the queues' steady fill (drift moves it slowly)

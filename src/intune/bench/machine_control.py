@@ -20,7 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
-MB = 1 << 20
+from intune.units import MB
+
 
 # -- taking CPUs away from this process ------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The Observation and the Reward: what every policy sees and what the agent maximises.
 
-One definition shared by the simulator and the live tuner (DESIGN section 3), so a policy runs
-unchanged on both. Owns the layout and the reward formula; it must not read the machine or the engine.
+One definition shared by the simulator and the live tuner, so a policy runs unchanged on both.
+Owns the layout, the helpers both builders use to fill it (``observed_kind``, ``cpu_slack``) and the
+reward formula; it must not read the machine or the engine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ LIGHT_CPU_SHARE = 0.25
 stage's workers get is light: its workers wait on something other than the CPUs (storage, a slower
 stage), so one more costs little CPU. Relative, because on oversubscribed CPUs every stage's share
 falls alike."""
+
+
+def observed_kind(declared: str) -> str:
+    """The Observation's kind (one of ``STAGE_KINDS``) of a stage's declared kind.
+
+    Live stages declare their kind (``Stage.kind``), simulated ones their spec's kind; both pass it
+    through here so that one rule holds: a ``udf`` is a map stage, and any kind outside
+    ``STAGE_KINDS`` is ``stage``.
+    """
+    kind = "map" if declared == "udf" else declared
+    return kind if kind in STAGE_KINDS else "stage"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """``intune report HISTORY.jsonl --out PNG``: plot a tuner's history over time.
 
-Owns reading the JSON lines that ``Tuner.save`` writes and drawing them: throughput, the allocation
-per knob (workers against the CPUs available, buffers in MB), memory used against its limit, and the
-reward. It must not run a pipeline or a policy.
+Owns reading the JSON lines that ``Tuner.save`` writes, summarising them and drawing them (throughput,
+the allocation per knob: workers against the CPUs available, buffers in MB; memory used against its
+limit; the reward), for the ``intune report`` command and for ``intune demo``. It must not run a
+pipeline or a policy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from intune.bench.results import format_table, save_figure
+from intune.results import format_table, save_figure
 
 
 def load_history(path: str | Path) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """Turns two engine metrics snapshots and a machine reading into the policies' Observation.
 
 Owns the arithmetic from cumulative counters (``PipelineMetrics``) to per-tick rates and fractions,
-so that the live engine yields the same Observation the simulator does. A pure function: it must not
+so that the live engine yields the same Observation the simulator does (both fill it through
+``intune.monitor.observation``'s helpers). A pure function: it must not
 read the machine, the clock or the engine itself; the tuner passes everything in.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from intune.knobs import Knob
-from intune.observation import STAGE_KINDS, cpu_slack, Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation, cpu_slack, observed_kind
 from intune.pipeline.metrics import PipelineMetrics, StageMetrics
 
 
@@ -71,7 +72,7 @@ def observe_stage(
         queue_fill=min(1.0, max(0.0, cur.queue_fill)),
         buffered_bytes=float(cur.buffered_bytes),
         stalled=bool(cur.stalled),
-        kind=cur.kind if cur.kind in STAGE_KINDS else "stage",
+        kind=observed_kind(cur.kind),
     )
 
 

@@ -5,7 +5,7 @@ pure-Python UDF in process workers, batching and prefetch), the exactly-once row
 consumer loop that records when rows arrived, the rate timeline computed from those arrivals, the
 "first time a rate was sustained" rule, the exhaustive search over worker allocations, and one live
 run of a policy from the even split (with CPU changes at given times). It must not decide targets or
-print tables (``tune_live`` does) nor change the machine itself (``_tune_machine`` does).
+print tables (``tune_live`` does) nor change the machine itself (``machine_control`` does).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.bench._tune_machine import CpuRestriction
+from intune.bench.machine_control import CpuRestriction
 from intune.pipeline import Pipeline
 
 ROW_ID = "row_id"
