@@ -241,3 +241,39 @@ def test_state_dict_while_the_tuner_resizes_every_tick():
     assert {s["knobs"]["udf.workers"]["value"] for s in states} <= {1, 3}
     with tune(_pipeline(), Flip({}), tick_s=0.02, monitor=_monitor()) as tuner:
         tuner.load_state_dict(states[-1])
+
+
+def _observation(pipe, cpus=8.0):
+    from intune.live_observation import observe
+
+    it = iter(pipe)
+    next(it)
+    before = pipe.metrics()
+    time.sleep(0.05)
+    next(it)
+    return observe(before, pipe.metrics(), pipe.knobs, 0, cpus, 1 << 30, 16 << 30, 8 << 30)
+
+
+@pytest.mark.parametrize("name", ["intune", "steer"])
+def test_a_loaded_policy_skips_its_warm_start(name):
+    """Reset on 8 CPUs, the policy would first ask for the even split (udf.workers 4); with its state
+    loaded, its first step is a decision from the restored allocation instead."""
+    from intune.policies import make
+
+    pipe = _pipeline()
+    try:
+        obs = _observation(pipe)
+        trained = make(name)
+        trained.reset(pipe.knobs, obs)
+        trained.step(obs)
+        state = trained.state_dict()
+        fresh = make(name)
+        fresh.reset(pipe.knobs, obs)
+        assert fresh.step(obs) == {"udf.workers": 4}  # the warm start, without a state
+        resumed = make(name)
+        resumed.reset(pipe.knobs, obs)
+        resumed.load_state_dict(loads_checkpoint(dumps_checkpoint(state, kind="policy"), kind="policy"))
+        assert resumed._start is None
+        _assert_same_tree(trained.state_dict(), resumed.state_dict())
+    finally:
+        pipe.close()
