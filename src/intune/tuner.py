@@ -4,7 +4,9 @@ Owns the online loop of DESIGN section 1: every tick it snapshots the engine's m
 machine, builds the Observation, lets the policy decide, has the ``Runner`` clamp the request to the
 knobs' bounds and to the free CPUs and memory and apply it (the same runner the simulator uses), and
 records the tick. It also feeds rewards to policies that
-learn online (an ``observe(observation, reward)`` method). It must never raise into the consumer: a
+learn online (an ``observe(observation, reward)`` method), and saves and restores what a restarted job
+needs (``state_dict`` / ``load_state_dict``: knob values restored through the same clamp, the policy's
+own state handed over after its first reset). It must never raise into the consumer: a
 failing policy or monitor leaves the pipeline at its last allocation and is logged once. It must not
 hold any policy's algorithm or read cgroup files itself (the monitor does).
 """
@@ -20,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from intune.knobs import Knob
+from intune.monitor import MachineSample, Monitor
 from intune.monitor.live import observe
-from intune.monitor import Monitor
 from intune.monitor.observation import Observation, reward
-from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, Policy, make
+from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, ClampResult, Policy, clamp_request, make
 from intune.policies.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,12 @@ class Tuner:
         self._thread_cpu_s = 0.0
         self._started_at: float | None = None
         self._stopped_at: float | None = None
+        # resume: a tick and a state_dict() never interleave; a loaded policy state waits for the reset
+        self._policy_lock = threading.RLock()
+        self._policy_started = False
+        self._pending_policy_state: Any = None
+        self.restored: ClampResult | None = None
+        """After ``load_state_dict``: the saved knob values asked for and those applied (clamped)."""
 
     # -- the consumer's side -----------------------------------------------------------------------
 
@@ -164,6 +172,87 @@ class Tuner:
         with self._lock:
             return dict(self._failures)
 
+    # -- resume ------------------------------------------------------------------------------------
+
+    def state_dict(self, *, replay: bool = False) -> dict[str, Any]:
+        """What a restarted job needs to start where this one is, as plain values and numpy arrays.
+
+        The policy's name, each knob's value with its unit and bounds, the reward scale, the ticks run,
+        the machine at the last tick, and the policy's own ``state_dict()`` (for ``intune``: its online
+        weights and what it measured; ``replay=True`` adds its replay buffer, see
+        ``IntunePolicy.state_dict``), or None for a policy without state or one that has not decided
+        yet. Safe to call from the training loop while the tuner runs: it waits for a tick in progress.
+        """
+        with self._policy_lock:
+            if self._pending_policy_state is not None:  # loaded, not yet handed to the policy
+                policy_state = self._pending_policy_state
+            elif self._policy_started and callable(getattr(self.policy, "state_dict", None)):
+                policy_state = self.policy.state_dict(replay=True) if replay else self.policy.state_dict()
+            else:
+                policy_state = None
+            knobs = {
+                name: {"value": knob.value, "unit": knob.unit, "min": knob.min, "max": knob.max}
+                for name, knob in self.knobs.items()
+            }
+        with self._lock:
+            last = self._history[-1] if self._history else None
+            ticks = len(self._history)
+        return {
+            "format": TUNER_STATE_FORMAT,
+            "policy": self.policy.name,
+            "knobs": knobs,
+            "reward_scale": self.reward_scale,
+            "ticks": ticks,
+            "machine": None if last is None else {"cpus": last["cpus"], "memory_limit": last["memory_limit"]},
+            "policy_state": policy_state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Start from ``state`` (``state_dict()`` of a tuner with the same policy on the same knobs).
+
+        The knobs are set to the saved values now, clamped to their current bounds and to this machine
+        by the rule every request passes (``clamp_request``: workers grow only into the CPUs this tuner
+        may use, buffers only into the free memory; decreases always pass), so a job restarted on a
+        smaller machine starts from its saved allocation cut to fit, then adapts. What was applied is in
+        ``restored``. The policy gets its state right after its first ``reset`` (it skips its warm
+        start). Another policy, knob set, or knob unit raises ``ResumeMismatchError`` naming it, and
+        nothing is changed.
+        """
+        from intune.dataloader.resume import ResumeMismatchError
+
+        if not isinstance(state, Mapping) or state.get("format") != TUNER_STATE_FORMAT:
+            got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
+            raise ResumeMismatchError(f"Tuner.load_state_dict: not a tuner state of format {TUNER_STATE_FORMAT} (format {got!r})")
+        if state["policy"] != self.policy.name:
+            raise ResumeMismatchError(
+                f"Tuner.load_state_dict: the state is policy {state['policy']!r}'s, this tuner runs {self.policy.name!r}"
+            )
+        saved, knobs = state["knobs"], self.knobs
+        missing, extra = sorted(set(knobs) - set(saved)), sorted(set(saved) - set(knobs))
+        if missing or extra:
+            raise ResumeMismatchError(
+                f"Tuner.load_state_dict: the state is from another pipeline: knobs {extra} are in the state "
+                f"only, {missing} in this pipeline only"
+            )
+        units = [f"{n} ({saved[n]['unit']} saved, {knobs[n].unit} here)" for n in knobs if saved[n]["unit"] != knobs[n].unit]
+        if units:
+            raise ResumeMismatchError(f"Tuner.load_state_dict: knobs of another unit: {', '.join(units)}")
+        policy_state = state["policy_state"]
+        if policy_state is not None and not callable(getattr(self.policy, "load_state_dict", None)):
+            raise ResumeMismatchError(
+                f"Tuner.load_state_dict: the state holds policy {self.policy.name!r}'s state, but this policy keeps none"
+            )
+        with self._policy_lock:
+            self.restored = restore_knobs(knobs, {n: int(saved[n]["value"]) for n in knobs}, self.monitor.sample())
+            if state["reward_scale"] is not None:
+                self.reward_scale = float(state["reward_scale"])
+            if policy_state is None:
+                return
+            if self._policy_started:  # the tuner already runs: the policy takes the state now
+                self.policy.load_state_dict(policy_state)
+            else:
+                self._pending_policy_state = policy_state
+
     # -- the tuning thread -------------------------------------------------------------------------
 
     def _fail(self, where: str, exc: BaseException) -> None:
@@ -207,7 +296,6 @@ class Tuner:
         prev = None
         tick = 0
         runner = Runner(self.knobs)
-        reset_done = False
         while True:
             if prev is None:
                 try:
@@ -242,11 +330,12 @@ class Tuner:
                 continue
             prev = cur
             try:
-                row = self._tick(runner, obs, first=not reset_done)
+                with self._policy_lock:
+                    row = self._tick(runner, obs, first=not self._policy_started)
+                    self._policy_started = self._policy_started or row.pop("_reset_ok")
             except Exception as exc:  # noqa: BLE001 - e.g. a knob that cannot be read while recording
                 self._fail("tuner", exc)
                 continue
-            reset_done = reset_done or row.pop("_reset_ok")
             with self._lock:
                 self._history.append(row)
                 self._thread_cpu_s = time.thread_time() - cpu0
@@ -275,6 +364,9 @@ class Tuner:
         try:
             if first:
                 self.policy.reset(self.knobs, obs)  # a one-off, not part of the decision time
+                if self._pending_policy_state is not None:  # a resumed job: the policy goes on from its state
+                    state, self._pending_policy_state = self._pending_policy_state, None
+                    self.policy.load_state_dict(state)
                 reset_ok = True
             t0, c0 = time.perf_counter(), time.thread_time()
             requested = {k: int(v) for k, v in (self.policy.step(obs) or {}).items()}
@@ -332,6 +424,24 @@ class Tuner:
         }
 
 
+TUNER_STATE_FORMAT = 1
+"""The layout version of ``Tuner.state_dict()``; a state of another version is refused."""
+
+
+def restore_knobs(knobs: Mapping[str, Knob], values: Mapping[str, int], machine: MachineSample) -> ClampResult:
+    """Set ``knobs`` to saved ``values``, clamped as the runner clamps every request: to the knobs'
+    bounds, to the machine's CPUs (workers grow only into them, in the knobs' order) and to its free
+    memory (buffers grow only into it); decreases first, and always granted.
+
+    The rule is the live one (``clamp_request``) on purpose: a restored allocation is a request like any
+    other, so a smaller machine gets the saved allocation cut to fit, never more than a policy could ask.
+    """
+    request = {name: knobs[name].clamp(v) for name, v in values.items()}
+    clamped = clamp_request(knobs, request, machine.cpus, machine.memory_free_bytes)
+    applied = Runner(knobs).set(clamped).applied
+    return ClampResult(requested=dict(values), applied=applied)
+
+
 def tune(
     pipe: Any,
     policy: str | Policy = "intune",
@@ -359,4 +469,4 @@ def tune(
     return Tuner(pipe, policy, tick_s=tick_s, reward_scale=reward_scale, monitor=monitor)
 
 
-__all__ = ["Tuner", "tune"]
+__all__ = ["TUNER_STATE_FORMAT", "Tuner", "restore_knobs", "tune"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +92,27 @@ class FeatureBuilder:
         self.ticks_since_resize = 0
         self.last_deltas = np.zeros(len(self.knob_names), dtype=np.float32)
         self.last_stage_rate: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the features remember across ticks (best and last throughput, the CPU count and ticks
+        since it changed, each stage's last rate), as plain values for a checkpoint."""
+        return {
+            "best_throughput": float(self.best_throughput),
+            "last_throughput": float(self.last_throughput),
+            "last_cpus": float(self.last_cpus),
+            "ticks_since_resize": int(self.ticks_since_resize),
+            "last_stage_rate": {name: float(v) for name, v in self.last_stage_rate.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``. The last tick's moves are not carried: a restarted job made
+        none since, so they read as zero."""
+        self.best_throughput = float(state["best_throughput"])
+        self.last_throughput = float(state["last_throughput"])
+        self.last_cpus = float(state["last_cpus"])
+        self.ticks_since_resize = int(state["ticks_since_resize"])
+        self.last_stage_rate = {str(n): float(v) for n, v in state["last_stage_rate"].items()}
+        self.last_deltas = np.zeros(len(self.knob_names), dtype=np.float32)
 
     def applied(self, deltas: Sequence[int]) -> None:
         """Record the moves the knobs actually made this tick (after the safety layer)."""

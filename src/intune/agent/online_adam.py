@@ -11,8 +11,10 @@ options. It must not know about networks or losses: it updates the parameters it
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -44,3 +46,21 @@ class OnlineAdam:
             m.mul_(b1).add_(p.grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
             p.addcdiv_(m, (v.sqrt() / root_correction2).add_(self.eps), value=-self.lr / correction1)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step count and each parameter's moments as numpy arrays (for a checkpoint)."""
+        return {
+            "steps": self.steps,
+            "m": [m.detach().cpu().numpy().copy() for m in self._m],
+            "v": [v.detach().cpu().numpy().copy() for v in self._v],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()`` of an optimizer over parameters of the same shapes."""
+        if len(state["m"]) != len(self._m) or len(state["v"]) != len(self._v):
+            raise ValueError(f"OnlineAdam state: {len(state['m'])} parameters saved, {len(self._m)} here")
+        for mine, saved in zip([*self._m, *self._v], [*state["m"], *state["v"]], strict=True):
+            if tuple(mine.shape) != tuple(np.shape(saved)):
+                raise ValueError(f"OnlineAdam state: a moment of shape {np.shape(saved)}, the parameter's is {tuple(mine.shape)}")
+            mine.copy_(torch.from_numpy(np.asarray(saved, dtype=np.float32)))
+        self.steps = int(state["steps"])

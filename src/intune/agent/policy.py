@@ -61,6 +61,22 @@ def load_weights(path: str | Path = DEFAULT_WEIGHTS) -> tuple[BranchingQNetwork,
     return q, config
 
 
+def network_state(q: BranchingQNetwork) -> dict[str, np.ndarray]:
+    """A network's weights as numpy arrays (a checkpoint holds no torch objects)."""
+    return {name: t.detach().cpu().numpy().copy() for name, t in q.state_dict().items()}
+
+
+def load_network_state(q: BranchingQNetwork, state: Mapping[str, Any], what: str) -> None:
+    """Set ``q``'s weights from ``network_state``; a missing, extra or reshaped tensor raises naming it."""
+    own = q.state_dict()
+    if set(own) != set(state):
+        raise ValueError(f"{what}: weights {sorted(state)} do not match the network's {sorted(own)}")
+    for name, tensor in own.items():
+        if tuple(tensor.shape) != tuple(np.shape(state[name])):
+            raise ValueError(f"{what}: weight {name!r} has shape {np.shape(state[name])}, the network's is {tuple(tensor.shape)}")
+    q.load_state_dict({name: torch.from_numpy(np.asarray(v, dtype=np.float32).copy()) for name, v in state.items()})
+
+
 class NetworkChooser:
     """The network's greedy choice per knob under the safety mask: what ``intune`` does every tick.
 
@@ -151,6 +167,74 @@ class IntunePolicy:
         self._last = (rows, valid, actions)
         return {k.name: int(w) for k, v, w in zip(self.safety.knobs, values, wanted, strict=True) if w != v}
 
+    # -- resume ------------------------------------------------------------------------------------
+    def state_dict(self, replay: bool = False) -> dict[str, Any]:
+        """What a restarted job needs to go on where this one was, as plain values and numpy arrays.
+
+        Always: the online network's weights (fine-tuned, not the shipped ones), the features' memory
+        (best and last throughput, the CPU count and ticks since it changed), the safety layer's
+        measurements of what a worker costs, the count of rewards observed and the sampling generator.
+        Once online learning has taken a step: the target network and the optimizer's moments too.
+        The replay buffer only with ``replay=True``: at its full 2,048 transitions it is about 6.6 MB
+        (two 16 x 31 float32 feature grids, a mask and actions per transition), against about 0.2 MB
+        for the weights, and a restarted job refills it in its first few dozen ticks.
+        Call it on a policy that has been ``reset`` (the tuner does).
+        """
+        online = None
+        if self._optimizer is not None and self._target is not None:
+            online = {"target": network_state(self._target), "optimizer": self._optimizer.state_dict()}
+        buffer = None
+        if replay and self._buffer is not None:
+            b = self._buffer
+            n = b.size
+            buffer = {
+                "capacity": b.capacity, "size": n, "pos": b._pos,
+                **{field: getattr(b, field)[:n].copy() for field in _REPLAY_FIELDS},
+            }  # fmt: skip
+        return {
+            "weights": network_state(self.q),
+            "online": online,
+            "observed": self._observed,
+            "rng": _rng_state(self._rng),
+            "features": self.chooser.builder.state_dict(),
+            "safety": self.safety.state_dict(),
+            "replay": buffer,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``, on a policy ``reset`` on the same knobs (the tuner does both).
+
+        The warm start is skipped: the knobs already hold the saved allocation (the tuner restores them,
+        clamped to this machine), so the first decision is the network's, from there.
+        """
+        q = copy.deepcopy(self.q)  # never modify a network shared with the caller
+        load_network_state(q, state["weights"], "intune policy state")
+        self.q = q
+        self.chooser.refresh(q)
+        online = state["online"]
+        if online is not None:
+            self._target = copy.deepcopy(q)
+            load_network_state(self._target, online["target"], "intune policy state (target network)")
+            self._optimizer = OnlineAdam(self.q.parameters(), lr=self.config.online_learning_rate)
+            self._optimizer.load_state_dict(online["optimizer"])
+        else:
+            self._target = self._optimizer = None
+        self._observed = int(state["observed"])
+        self._rng = _rng_from_state(state["rng"])
+        self.chooser.builder.load_state_dict(state["features"])
+        self.safety.load_state_dict(state["safety"])
+        saved = state["replay"]
+        if saved is not None:
+            buffer = ReplayBuffer(int(saved["capacity"]), MAX_KNOBS, N_FEATURES, len(self.config.action_deltas))
+            n = int(saved["size"])
+            for field in _REPLAY_FIELDS:
+                getattr(buffer, field)[:n] = saved[field]
+            buffer.size, buffer._pos = n, int(saved["pos"])
+            self._buffer = buffer
+        self._start = None
+        self._last = None
+        self._pending_reward = None
+
     # -- online fine-tuning ------------------------------------------------------------------------
     def observe(self, observation: Observation, reward: float) -> None:
         """The reward of the last action; every ``online_train_every`` calls, one gradient step.
@@ -208,6 +292,13 @@ class NetworkProposer:
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self.chooser = NetworkChooser(self.q, self.config, knobs)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The features' memory (the network is the shipped one: it does not learn here)."""
+        return {"features": self.chooser.builder.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.chooser.builder.load_state_dict(state["features"])
+
     def __call__(self, observation: Observation, values: list[int], mask: np.ndarray) -> np.ndarray:
         return self.chooser.q_values(observation)
 
@@ -221,3 +312,32 @@ def network_with_rules(weights: str | Path | None = None, **steer_kwargs: Any):
     policy = SteerPolicy(propose=NetworkProposer(q, config), **steer_kwargs)
     policy.name = "intune+steer"
     return policy
+
+
+_REPLAY_FIELDS = ("rows", "valid", "actions", "returns", "discount", "next_rows", "next_valid", "next_mask")
+
+
+def _rng_state(rng: np.random.Generator) -> dict[str, Any]:
+    """A numpy generator's state with its (128-bit) integers as decimal strings."""
+    state = rng.bit_generator.state
+    inner = state["state"]
+    return {
+        "bit_generator": state["bit_generator"],
+        "state": str(inner["state"]),
+        "inc": str(inner["inc"]),
+        "has_uint32": int(state["has_uint32"]),
+        "uinteger": int(state["uinteger"]),
+    }
+
+
+def _rng_from_state(state: Mapping[str, Any]) -> np.random.Generator:
+    if state["bit_generator"] != "PCG64":
+        raise ValueError(f"intune policy state: generator {state['bit_generator']!r}, expected 'PCG64'")
+    bits = np.random.PCG64()
+    bits.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": int(state["state"]), "inc": int(state["inc"])},
+        "has_uint32": int(state["has_uint32"]),
+        "uinteger": int(state["uinteger"]),
+    }
+    return np.random.Generator(bits)

@@ -4,11 +4,13 @@ The package owns the loader and nothing else; each module owns one part: ``loade
 its epochs), ``sampling`` (torch's samplers, the split among ranks, the source of index batches),
 ``fetch`` (what a worker runs), ``stage`` (the engine's map stage as the loader needs it),
 ``transport`` (collated batches through shared memory), ``stream`` (iterable datasets), ``errors``
-(what the training loop sees when a worker fails). A rank's place and machine share come from
+(what the training loop sees when a worker fails), ``resume`` (what a checkpoint holds about an
+epoch, and the checks that refuse a state from another configuration). A rank's place and machine share come from
 ``intune.pipeline.sharding``, as for the pipeline's own sources.
 """
 
 from intune.dataloader.errors import DataLoaderWorkerError, DatasetPickleError
 from intune.dataloader.loader import DataLoader
+from intune.dataloader.resume import ResumeMismatchError
 
-__all__ = ["DataLoader", "DataLoaderWorkerError", "DatasetPickleError"]
+__all__ = ["DataLoader", "DataLoaderWorkerError", "DatasetPickleError", "ResumeMismatchError"]

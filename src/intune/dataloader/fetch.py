@@ -32,6 +32,11 @@ FAILURE = "__failure__"
 """The output column of a failed batch: a pickled failure record (see ``failure_record``)."""
 OBJECT = "__object__"
 """The output key of a batch made in the loader's own process (no transport needed)."""
+NUMBER = "__batch__"
+"""The output key the fetch stage adds: the batch's number in the sampler's order (int64, one value),
+so the loader knows which batches were delivered (``in_order=False`` lets them overtake)."""
+DATASET_STATE = "__dataset_state__"
+"""The key of an iterable dataset's ``state_dict()`` taken right after the batch it travels with."""
 
 
 class Fetcher:

@@ -20,8 +20,19 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from intune.dataloader.errors import raise_failure
-from intune.dataloader.fetch import FAILURE, OBJECT, Fetcher
+from intune.dataloader.fetch import DATASET_STATE, FAILURE, NUMBER, OBJECT, Fetcher
+from intune.dataloader.resume import (
+    STATE_FORMAT,
+    Delivered,
+    ResumeMismatchError,
+    check_fingerprint,
+    fingerprint,
+    generator_state,
+    replaying,
+)
 from intune.dataloader.sampling import (
     IndexSource,
     Plan,
@@ -112,6 +123,8 @@ class DataLoader:
         self._epochs = 0
         self._epoch_set: int | None = None
         self._seed = _Seed()
+        self._epoch: _Epoch | None = None  # the epoch in flight (None: none, or it ended)
+        self._resume: _Epoch | None = None  # an epoch loaded by load_state_dict, resumed by the next iter()
         self._closed = False
         self.multiprocessing_context = multiprocessing_context
         start = _start_workers(num_workers, self.machine_share)
@@ -148,7 +161,7 @@ class DataLoader:
     ) -> Pipeline:
         name = dataset_name(self.dataset)
         if self.iterable:
-            source = StreamSource(
+            source = self._stream = StreamSource(
                 self.dataset, self.collate_fn, self._plan.batch_size, self._plan.drop_last, name
             )
             return Pipeline(source, name="stream").prefetch(depth=2 * prefetch_factor, buffer_mb=PREFETCH_MB)
@@ -228,19 +241,142 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise ValueError("intune.DataLoader: the loader is closed")
-        epoch = self._epoch_set if self._epoch_set is not None else self._epochs
-        self._epoch_set = None
-        self._epochs += 1
-        if self._seed.value is None or not self.persistent_workers:  # when torch's DataLoader draws it
-            self._seed.value = draw_seed(self.generator)
-        if not self.iterable:
-            if self._plan.distributed:
-                self._plan.sampler.set_epoch(epoch)
-            self._source.begin(self._plan.index_sampler, epoch, self._seed.value)
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            self._replay(resume)
+        else:
+            self._begin()
         batches = iter(self.pipeline)
         if self.tuner is not None:
             self.tuner.start()
-        return _Batches(self, batches)
+        return _Batches(self, batches, self._epoch)
+
+    def _begin(self) -> None:
+        """A new epoch: its number, the seed drawn as torch draws it, the sampler started."""
+        epoch = self._epoch_set if self._epoch_set is not None else self._epochs
+        self._epoch_set = None
+        self._epochs += 1
+        start = generator_state(self.generator)  # before any draw of the epoch: what a resume replays
+        drawn = self._seed.value is None or not self.persistent_workers  # when torch's DataLoader draws it
+        if drawn:
+            self._seed.value = draw_seed(self.generator)
+        self._epoch = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
+        if not self.iterable:
+            if self._plan.distributed:
+                self._plan.sampler.set_epoch(epoch)
+            self._source.begin(self._plan.index_sampler, epoch, self._seed.get())
+
+    def _replay(self, resumed: _Epoch) -> None:
+        """The loaded epoch again, from its start state, with its delivered batches skipped unfetched."""
+        with replaying(self.generator, resumed.generator):
+            if resumed.seed_drawn and draw_seed(self.generator) != resumed.seed:
+                raise ResumeMismatchError(
+                    "intune.DataLoader: cannot resume: the saved generator state does not give the epoch's "
+                    "saved seed (the state was edited, or comes from another torch)"
+                )
+            self._seed.value = resumed.seed
+            self._load_sampler_states(resumed.sampler_states)
+            if self.iterable:
+                self._stream.resume_at(resumed.delivered.count, resumed.dataset_state)
+            else:
+                if self._plan.distributed:
+                    self._plan.sampler.set_epoch(resumed.epoch)
+                self._source.begin(self._plan.index_sampler, resumed.epoch, resumed.seed, resumed.delivered)
+        # the batches delivered before the checkpoint, and those delivered from now on, in one record
+        self._epoch = resumed
+
+    def _samplers(self) -> dict[str, Any]:
+        return {"sampler": self._plan.sampler, "batch_sampler": self._plan.batch_sampler}
+
+    def _sampler_states(self) -> dict[str, Any]:
+        """The ``state_dict()`` of each sampler that has one, taken before the epoch's ``iter()``."""
+        return {
+            role: sampler.state_dict()
+            for role, sampler in self._samplers().items()
+            if callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None))
+        }
+
+    def _load_sampler_states(self, states: Mapping[str, Any]) -> None:
+        samplers = self._samplers()
+        for role, state in states.items():
+            sampler = samplers.get(role)
+            if sampler is None or not callable(getattr(sampler, "load_state_dict", None)):
+                raise ResumeMismatchError(
+                    f"intune.DataLoader: the state holds a {role} state, but this loader's {role} "
+                    f"({type(sampler).__qualname__}) has no load_state_dict()"
+                )
+            sampler.load_state_dict(state)
+
+    # ---- resume ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is, as plain values and numpy arrays (``intune.checkpoint`` stores it).
+
+        Take it between two batches, from the training loop: the batches the loop has received are
+        "delivered"; those still in workers or in the prefetch buffer are not, and are fetched again
+        after a resume. It holds the configuration it is valid for (``fingerprint``), the count of
+        epochs started and the next ``set_epoch``, the loader's seed, the epoch in flight (its number,
+        seed, the generator's state at its start, the samplers' own ``state_dict()`` if they have one,
+        the batches delivered and a digest of their indices; for an iterable dataset with
+        ``state_dict()``, the dataset's state after the last delivered batch), the knob values, and the
+        tuner's state. See docs/dataloader.md, "Resume".
+        """
+        epoch = self._resume if self._resume is not None else self._epoch
+        return {
+            "format": STATE_FORMAT,
+            "fingerprint": fingerprint(self),
+            "epochs_started": self._epochs,
+            "epoch_set": self._epoch_set,
+            "seed": self._seed.value,
+            "generator": None if self.generator is None else generator_state(self.generator),
+            "epoch": None if epoch is None else epoch.state(),
+            "knobs": {name: knob.value for name, knob in self.knobs.items()},
+            "tuner": None if self.tuner is None else self.tuner.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from ``state_dict()`` of a loader of the same configuration).
+
+        Call it before ``iter(loader)``: the next ``iter()`` continues the saved epoch from the batch
+        after the last one delivered (the same batches as an uninterrupted run, with the same seeds),
+        and the epochs after it are as usual. The tuner starts from its saved state, its knobs clamped
+        to this machine. A state from another configuration raises ``ResumeMismatchError`` naming each
+        field that differs; nothing is changed then.
+        """
+        if self._closed:
+            raise ValueError("intune.DataLoader: the loader is closed")
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
+            raise ResumeMismatchError(
+                f"intune.DataLoader.load_state_dict: not a DataLoader state of format {STATE_FORMAT} (format {got!r})"
+            )
+        check_fingerprint(state["fingerprint"], fingerprint(self), "intune.DataLoader.load_state_dict")
+        resumed = None if state["epoch"] is None else _Epoch.from_state(state["epoch"])
+        if self.tuner is not None and state["tuner"] is not None:
+            self.tuner.load_state_dict(state["tuner"])
+        self._epochs = int(state["epochs_started"])
+        self._epoch_set = None if state["epoch_set"] is None else int(state["epoch_set"])
+        self._seed.value = None if state["seed"] is None else int(state["seed"])
+        if resumed is None and self.generator is not None and state["generator"] is not None:
+            import torch
+
+            self.generator.set_state(torch.from_numpy(np.ascontiguousarray(state["generator"], dtype=np.uint8)))
+        self._epoch, self._resume = None, resumed
+
+    def _delivered(self, epoch: _Epoch, chunk: Mapping[str, Any]) -> None:
+        """Record that ``chunk``'s batch reached the training loop (a failed batch too: its error did)."""
+        number = chunk.get(NUMBER)
+        if number is None or epoch is not self._epoch:
+            return
+        number = int(number[0]) if isinstance(number, np.ndarray) else int(number)
+        digest = None if self.iterable else self._source.digests.pop(number, None)
+        if self.iterable and DATASET_STATE in chunk:
+            epoch.dataset_state = chunk[DATASET_STATE]
+        epoch.delivered.add(number, digest)
+
+    def _ended(self, epoch: _Epoch) -> None:
+        """The epoch's iterator ran out: nothing of it is left to resume."""
+        if epoch is self._epoch:
+            self._epoch = None
 
     def close(self) -> None:
         """Stop tuning and end the workers (an epoch in flight raises ``PipelineClosedError``)."""
@@ -258,17 +394,26 @@ class DataLoader:
 
 
 class _Batches:
-    """One epoch's batches: rebuilt as tensors, or a failed batch's exception raised in its place."""
+    """One epoch's batches: rebuilt as tensors, or a failed batch's exception raised in its place; each
+    one recorded as delivered (for ``state_dict``) when it is handed to the loop."""
 
-    def __init__(self, loader: DataLoader, batches: Iterator[Any]) -> None:
+    def __init__(self, loader: DataLoader, batches: Iterator[Any], epoch: _Epoch | None) -> None:
         self._loader = loader  # keeps the loader (and its workers) alive while its epoch is read
         self._batches = batches
+        self._epoch = epoch
 
     def __iter__(self) -> _Batches:
         return self
 
     def __next__(self) -> Any:
-        chunk = next(self._batches)
+        try:
+            chunk = next(self._batches)
+        except StopIteration:
+            if self._epoch is not None:
+                self._loader._ended(self._epoch)
+            raise
+        if self._epoch is not None:
+            self._loader._delivered(self._epoch, chunk)
         if OBJECT in chunk:
             return _pin_tree(chunk[OBJECT]) if self._loader._pin else chunk[OBJECT]
         if FAILURE in chunk:
@@ -279,6 +424,57 @@ class _Batches:
 
     def __len__(self) -> int:
         return len(self._loader)
+
+
+class _Epoch:
+    """The epoch in flight as a resume needs it: its number and seed, whether the seed was drawn at its
+    start, the generator's state before that draw, the samplers' own states, the batches delivered, and
+    (an iterable dataset with ``state_dict()``) the dataset's state after the last of them."""
+
+    def __init__(
+        self,
+        epoch: int,
+        seed: int,
+        seed_drawn: bool,
+        generator: np.ndarray | None,
+        sampler_states: dict[str, Any],
+        delivered: Delivered | None = None,
+        dataset_state: Any = None,
+    ) -> None:
+        self.epoch, self.seed, self.seed_drawn = epoch, seed, seed_drawn
+        self.generator = generator
+        self.sampler_states = sampler_states
+        self.delivered = delivered or Delivered()
+        self.dataset_state = dataset_state
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "seed_drawn": self.seed_drawn,
+            "generator": self.generator,
+            "sampler_states": dict(self.sampler_states),
+            "delivered": self.delivered.state(),
+            "dataset_state": self.dataset_state,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> _Epoch:
+        try:
+            generator = state["generator"]
+            return cls(
+                int(state["epoch"]),
+                int(state["seed"]),
+                bool(state["seed_drawn"]),
+                None if generator is None else np.asarray(generator, dtype=np.uint8),
+                dict(state["sampler_states"]),
+                Delivered.from_state(state["delivered"]),
+                state["dataset_state"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ResumeMismatchError):
+                raise
+            raise ResumeMismatchError(f"intune.DataLoader state: 'epoch' is malformed ({exc!r})") from exc
 
 
 class _Seed:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from intune.dataloader.fetch import INDEX, SEED
+from intune.dataloader.resume import Delivered, ResumeMismatchError, batch_digest
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment
 from intune.pipeline.sources import Source
@@ -150,7 +151,9 @@ class IndexSource(Source):
 
     ``begin`` is called on the loader's thread at each ``iter(loader)``: it starts the sampler there and
     takes its first batch, so that a sampler drawing from torch's global generator draws at the same
-    moment as under torch's DataLoader; the rest is taken by the pipeline's reading thread."""
+    moment as under torch's DataLoader; the rest is taken by the pipeline's reading thread. Batches keep
+    their number in the sampler's order (their workers' seeds depend on it), also after a resume skips
+    some; ``digests`` holds each sent batch's ``batch_digest`` until the loader records its delivery."""
 
     parallel = False
 
@@ -161,21 +164,46 @@ class IndexSource(Source):
         self._epoch = 0
         self._seed = 0
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()  # for error messages only
+        # digests of the batches sent and not yet delivered (the loader pops each on delivery)
+        self.digests: dict[int, int] = {}
 
-    def begin(self, index_sampler: Any, epoch: int, seed: int) -> None:
-        batches = iter(index_sampler)
-        first = next(batches, None)
-        self._batches = itertools.chain([first], batches) if first is not None else iter(())
+    def begin(self, index_sampler: Any, epoch: int, seed: int, delivered: Delivered | None = None) -> None:
+        """Start the epoch's sampler here and take its first batch; with ``delivered`` (a resume), skip
+        the batches it holds without fetching them, after checking that the regenerated order gives
+        them the same indices (``ResumeMismatchError`` otherwise)."""
         self._epoch, self._seed = epoch, seed
+        self.digests.clear()
+        numbered = enumerate(iter(index_sampler))
+        if delivered is None or delivered.frontier == 0:
+            first = next(numbered, None)
+            self._batches = itertools.chain([first], numbered) if first is not None else iter(())
+            return
+        kept, digest, seen = [], 0, 0
+        for number, batch in itertools.islice(numbered, delivered.frontier):
+            seen += 1
+            if number in delivered:
+                digest ^= batch_digest(number, keys_array(batch))
+            else:
+                kept.append((number, batch))
+        if digest != delivered.digest or seen < delivered.frontier:
+            raise ResumeMismatchError(
+                f"intune.DataLoader: cannot resume epoch {epoch}: the sampler "
+                f"{type(index_sampler).__qualname__} regenerated other indices for the {delivered.count} "
+                "batches delivered before the checkpoint (a sampler with randomness of its own and no "
+                "state_dict(), a changed dataset, or another generator); resuming would repeat some rows "
+                "and skip others"
+            )
+        self._batches = itertools.chain(kept, numbered)
 
     def stream(self) -> Iterator[Item]:
         batches, self._batches = self._batches, None
         if batches is None:
             raise RuntimeError("intune.DataLoader: an epoch started without begin()")
         self._recent.clear()
-        for number, batch in enumerate(batches):
+        for number, batch in batches:
             keys = keys_array(batch)
             self._remember(number, keys)
+            self.digests[number] = batch_digest(number, keys)
             seed = np.array([self._seed, self._epoch, number], dtype=np.int64)
             rows = len(keys)
             origin = Origin((Segment(self, number, 0, rows),))

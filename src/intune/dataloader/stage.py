@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from intune.dataloader.errors import DatasetPickleError
-from intune.dataloader.fetch import INHERITED, Fetcher, WorkerFetcher
+from intune.dataloader.fetch import INHERITED, NUMBER, Fetcher, WorkerFetcher
 from intune.dataloader.transport import nbytes
 from intune.pipeline.channel import Item
 from intune.pipeline.forked import fork_child
@@ -67,7 +69,9 @@ class FetchStage(MapStage):
         return ProcessWorker(cloudpickle.dumps(worker), f"{label}-w{index}")
 
     def _result(self, out: Any, item: Item) -> list[Item]:
-        return [Item(out, item.origin, item.rows, nbytes(out))]
+        # the batch's number rides along (the sampler's source numbered it), for the loader's resume state
+        number = np.array([item.origin.segments[0].unit], dtype=np.int64)
+        return [Item({**out, NUMBER: number}, item.origin, item.rows, nbytes(out))]
 
     def close(self) -> None:
         super().close()

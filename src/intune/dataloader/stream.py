@@ -6,16 +6,25 @@ collates them, as torch's DataLoader does with ``num_workers=0``; ``get_worker_i
 there, so a dataset that shards itself by worker yields every row, once. An iterable is not split
 among workers: its rows can only be divided by the dataset itself, for a fixed number of workers, and
 a live-resized worker count would lose or repeat rows. An exception in the dataset or ``collate_fn``
-reaches the training loop as it was raised and ends the epoch. It must not know about samplers.
+reaches the training loop as it was raised and ends the epoch.
+
+Resume (``resume_at``): a dataset with ``state_dict()`` / ``load_state_dict()`` (torchdata's
+``Stateful``) has its state taken right after each batch is drawn; the state travels with the batch,
+so the loader keeps the one of the last batch delivered (batches read ahead into the prefetch buffer
+are not delivered) and a resume loads it before iterating. A dataset without them is iterated again
+from its start and the delivered batches' samples are read and dropped, not collated: that costs
+reading them once more, and it is only right if the dataset yields the same samples in the same order
+each time it is iterated (the loader cannot check it). It must not know about samplers.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from intune.dataloader.fetch import OBJECT
+from intune.dataloader.fetch import DATASET_STATE, NUMBER, OBJECT
 from intune.dataloader.transport import nbytes
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment
@@ -40,10 +49,39 @@ class StreamSource(Source):
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.name = name
+        self._resume: tuple[int, Any] | None = None
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the dataset saves and loads its own position (torchdata's ``Stateful``)."""
+        return callable(getattr(self.dataset, "state_dict", None)) and callable(
+            getattr(self.dataset, "load_state_dict", None)
+        )
+
+    def resume_at(self, batches: int, dataset_state: Any) -> None:
+        """Make the next epoch start after its first ``batches`` batches: from ``dataset_state`` (the
+        dataset's state after them) when the dataset is stateful, else by reading them again."""
+        self._resume = (int(batches), dataset_state)
+
+    def _samples(self) -> tuple[Iterator[Any], int]:
+        """The epoch's samples, positioned after the batches a resume skips, and the next batch's number."""
+        resume, self._resume = self._resume, None
+        if resume is None or resume[0] == 0:
+            return iter(self.dataset), 0
+        skip, state = resume
+        if self.stateful and state is not None:
+            self.dataset.load_state_dict(state)
+            return iter(self.dataset), skip
+        samples = iter(self.dataset)
+        per_batch = 1 if self.batch_size is None else self.batch_size
+        for _ in itertools.islice(samples, skip * per_batch):
+            pass
+        return samples, skip
 
     def stream(self) -> Iterator[Item]:
-        samples = iter(self.dataset)
-        for number in itertools.count():
+        samples, start = self._samples()
+        stateful = self.stateful
+        for number in itertools.count(start):
             if self.batch_size is None:
                 sample = next(samples, _DONE)
                 if sample is _DONE:
@@ -54,7 +92,10 @@ class StreamSource(Source):
                 if not group or (self.drop_last and len(group) < self.batch_size):
                     return
                 batch, rows = self.collate_fn(group), len(group)
-            yield Item({OBJECT: batch}, Origin((Segment(self, number, 0, rows),)), rows, nbytes(batch))
+            chunk = {OBJECT: batch, NUMBER: number}
+            if stateful:
+                chunk[DATASET_STATE] = copy.deepcopy(self.dataset.state_dict())
+            yield Item(chunk, Origin((Segment(self, number, 0, rows),)), rows, nbytes(batch))
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
         return f"batch #{unit} of iterable dataset {self.name}"

@@ -96,11 +96,18 @@ class Origin:
 
     Before a shuffle a chunk is a few contiguous ``segments``; after it, ``row_ids`` (epoch-global
     row numbers) with ``table`` mapping them back to segments. Formatting is lazy and only on errors.
+
+    ``read_at`` is where the read stage got the chunk: ``(unit, i)``, the ``i``-th chunk its
+    ``read_unit(unit)`` returned (for a stream, ``(k, 0)``: its ``k``-th chunk); the shuffle records it
+    so that a resume can read the same rows again (``resume``). ``refill`` marks rows a resumed read
+    stage sends to rebuild the shuffle buffer, not new input.
     """
 
     segments: tuple[Segment, ...] = ()
     row_ids: np.ndarray | None = None
     table: RowTable | None = None
+    read_at: tuple[int, int] | None = None
+    refill: bool = False
 
     def describe(self, limit: int = 4) -> str:
         segments = list(self.segments)
@@ -171,7 +178,7 @@ class RowTable:
         starts = np.asarray(self._starts)
         which = np.searchsorted(starts, row_ids, side="right") - 1
         out = []
-        for index in np.unique(which):
+        for index in np.unique(which[which >= 0]):  # below the first start: rows a resume refilled
             seg = self._segments[int(index)]
             local = row_ids[which == index] - starts[index] + seg.lo
             out.append(Segment(seg.source, seg.unit, int(local.min()), int(local.max()) + 1))

@@ -19,12 +19,22 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from intune.checkpoint import CheckpointError
 from intune.knobs import Knob
 from intune.pipeline.channel import Channel
 from intune.pipeline.chunks import Chunk
 from intune.pipeline.columns import STRINGS
 from intune.pipeline.epoch import ConsumerStats, Epoch, EpochIterator
 from intune.pipeline.metrics import PipelineMetrics
+from intune.pipeline.resume import (
+    STATE_VERSION,
+    ResumeError,
+    ResumePlan,
+    check_fingerprint,
+    check_resumable,
+    fingerprint,
+    replay,
+)
 from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
 from intune.pipeline.sharding import Shard, resolve_shard
@@ -97,6 +107,9 @@ class Pipeline:
         self._closed = False
         self._lock = threading.RLock()
         self._consumer = ConsumerStats()
+        self._last_epoch: Epoch | None = None  # the latest epoch started: what state_dict() describes
+        self._resume_plan: ResumePlan | None = None  # set by load_state_dict, taken by the next epoch
+        self._loaded_state: dict[str, Any] | None = None
         self._add(ReadStage(source, name, self.max_workers))
         self._running = _Running(self._stages)
         self._finalizer = weakref.finalize(self, self._running.shutdown)  # at exit or when collected
@@ -238,7 +251,9 @@ class Pipeline:
 
             factory = partial(SessionShuffleBuffer, key=by)
         return self._add(
-            ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb, buffer_factory=factory, min_mb=min_buffer_mb)
+            ShuffleStage(
+                name, buffer_rows, seed, buffer_mb, self.max_mb, buffer_factory=factory, min_mb=min_buffer_mb, by=by
+            )
         )
 
     def map(
@@ -419,6 +434,11 @@ class Pipeline:
             if self._epoch is not None:
                 self._end_epoch(self._epoch, reason="superseded")
             epoch = Epoch(self._epochs, self.label, self.deterministic)
+            plan, self._resume_plan, self._loaded_state = self._resume_plan, None, None
+            if plan is not None:
+                epoch.resume = plan
+                epoch.delivered_rows, epoch.delivered_batches = plan.rows, plan.batches
+            self._last_epoch = epoch
             # counted before any stage starts: a fast stage may skip chunks before the iterator exists
             epoch.skipped_at_start = self._skipped_counts()
             self._epochs += 1
@@ -445,6 +465,90 @@ class Pipeline:
                 self._epoch = None
                 for stage in self._stages:
                     stage.detach()
+
+    # ---- checkpoints (``resume``) ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this pipeline is: the epoch, the rows and batches delivered in it, the shuffle's log and
+        the knob values, as plain values and numpy arrays (``intune.checkpoint.save_checkpoint`` stores it).
+
+        Take it from the training loop between two batches (it reads the consumer's counters, then copies
+        the shuffle's log under its lock; the stages keep running, resizes included). A few KB plus 16
+        bytes per input chunk the epoch has read so far; no row data. Before the first epoch, or after an
+        epoch's end, it points at the start of the next epoch. Raises ``ResumeError`` for a pipeline a
+        checkpoint cannot resume exactly (``deterministic=False``, no shuffle stage or a session
+        shuffle, a custom stage; see docs/resume.md).
+        """
+        check_resumable(self)
+        with self._lock:
+            if self._loaded_state is not None:  # loaded and not yet iterated: still that position
+                return dict(self._loaded_state)
+            epoch = self._last_epoch
+            next_epoch = self._epochs
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "fingerprint": fingerprint(self),
+            "knobs": {name: knob.value for name, knob in self._knobs.items()},
+            "shuffle": None,
+        }
+        if epoch is None or epoch.completed:
+            state.update(epoch=next_epoch if epoch is None else epoch.index + 1, rows=0, batches=0)
+            return state
+        # the consumer's position first: every row it counts was let out by the shuffle before, so the
+        # log copied afterwards covers it
+        rows, batches = epoch.delivered_rows, epoch.delivered_batches
+        state.update(epoch=epoch.index, rows=rows, batches=batches)
+        if rows:
+            log = epoch.shuffle_log
+            if log is None:
+                raise ResumeError(f"epoch {epoch.index} has no shuffle log to resume from")
+            state["shuffle"] = log.snapshot()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state`` (``state_dict()``'s, or ``load_checkpoint``'s): the next ``iter(pipe)``
+        continues that epoch with exactly the rows not delivered before it, in the order the
+        uninterrupted run would have delivered them; later epochs are as usual.
+
+        Call it before iterating (on a pipeline whose epoch runs it raises). A state from another
+        pipeline (sources, stages, seed, batch size, rank) raises ``CheckpointError`` naming what
+        differs. Knob values are restored, clamped to this pipeline's bounds. The shuffle is replayed on
+        row ids here (no data read), so a bad log fails now, not in the epoch.
+        """
+        check_resumable(self)
+        with self._lock:
+            if self._closed:
+                raise ValueError("load_state_dict(): the pipeline is closed")
+            if self._epoch is not None:
+                raise ValueError(
+                    "load_state_dict() must be called before iterating: an epoch of this pipeline is running "
+                    "(load the state into a new pipeline, or close this iterator first)"
+                )
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"load_state_dict(): a state is a dict, got {type(state).__name__}")
+        missing = [k for k in ("version", "fingerprint", "epoch", "rows", "batches", "knobs", "shuffle") if k not in state]
+        if missing:
+            raise CheckpointError(f"load_state_dict(): the state lacks {missing}; is it a pipeline's state_dict()?")
+        if state["version"] != STATE_VERSION:
+            raise CheckpointError(f"load_state_dict(): state version {state['version']!r}, this intune reads {STATE_VERSION}")
+        check_fingerprint(state["fingerprint"], fingerprint(self))
+        epoch, rows, batches = int(state["epoch"]), int(state["rows"]), int(state["batches"])
+        if epoch < 0 or rows < 0 or batches < 0:
+            raise CheckpointError(f"load_state_dict(): negative position (epoch {epoch}, rows {rows}, batches {batches})")
+        plan = None
+        if rows:
+            if state["shuffle"] is None:
+                raise CheckpointError(f"load_state_dict(): {rows} rows delivered but the state has no shuffle log")
+            shuffle = next(s for s in self._stages if s.kind == "shuffle")
+            plan = replay(state["shuffle"], shuffle.seed, epoch, rows, "load_state_dict()")
+            plan.batches = batches
+        for name, value in dict(state["knobs"]).items():
+            knob = self._knobs.get(name)
+            if knob is not None:
+                knob.set(min(max(int(value), knob.min), knob.max))
+        with self._lock:
+            self._epochs = epoch
+            self._resume_plan = plan
+            self._loaded_state = dict(state)
 
     def close(self) -> None:
         """Stop the epoch in flight and end every worker process (returns within a few seconds)."""

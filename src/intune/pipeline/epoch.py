@@ -24,6 +24,7 @@ from intune.pipeline.pool import PoolRun
 
 if TYPE_CHECKING:
     from intune.pipeline.engine import Pipeline
+    from intune.pipeline.resume import ResumePlan, ShuffleLog
 
 
 class Epoch:
@@ -39,6 +40,12 @@ class Epoch:
         self.error: BaseException | None = None
         self.stop_reason = ""  # why the epoch was stopped: "failed", "closed", "superseded", "ended"
         self.skipped_at_start: dict[str, int] = {}  # each stage's skip count before the epoch started
+        # resume (``resume``): the plan a resumed epoch follows, the shuffle's log, the consumer's position
+        self.resume: ResumePlan | None = None
+        self.shuffle_log: ShuffleLog | None = None
+        self.delivered_rows = 0  # epoch-global: a resumed epoch starts at the checkpoint's position
+        self.delivered_batches = 0
+        self.completed = False  # every row delivered (the consumer saw the end)
         self._threads: list[threading.Thread] = []
         self._channels: list[Channel] = []
         self._lock = threading.Lock()
@@ -154,11 +161,14 @@ class EpochIterator:
         now = time.monotonic()
         stats.wait_s += now - t0
         if got is END:
+            self._epoch.completed = True
             self._finish()
             self._warn_if_all_skipped()
             raise StopIteration
         item = got[1]
         self._rows += item.rows
+        self._epoch.delivered_rows += item.rows
+        self._epoch.delivered_batches += 1
         stats.rows += item.rows
         stats.batches += 1
         if now - stats.marks[-1][0] >= 0.25:

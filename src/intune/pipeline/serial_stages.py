@@ -18,6 +18,7 @@ from intune.pipeline.batcher import Batcher
 from intune.pipeline.channel import Channel, Item
 from intune.pipeline.chunks import Origin, nbytes, num_rows
 from intune.pipeline.errors import PipelineError
+from intune.pipeline.resume import DRAIN, INIT, RESIZE, ResumePlan, ShuffleLog
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
 from intune.pipeline.stages import EpochContext, MiB, Stage, sequential_loop
 
@@ -36,8 +37,10 @@ class ShuffleStage(Stage):
         max_mb: int,
         buffer_factory: Callable[[np.random.Generator, int], ShuffleBuffer] | None = None,
         min_mb: int = 1,
+        by: str | None = None,
     ) -> None:
         super().__init__(name)
+        self.by = by  # the session column of a session shuffle (RecD), else None
         self._buffer_factory = buffer_factory or ShuffleBuffer
         self.buffer_rows = buffer_rows
         self.seed = seed
@@ -65,12 +68,36 @@ class ShuffleStage(Stage):
         return min(1.0, buf.size / max(1, buf.capacity))
 
     def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        """Run the shuffle for an epoch, recording its steps in a ``ShuffleLog`` (``resume``).
+
+        Every step that draws from the generator outside ``add`` (the buffer's creation, a capacity
+        change or a shrink's release, the drain) is logged before its rows leave, and every input
+        chunk's read address and rows before it is added. A resumed epoch (``epoch.resume``) first
+        takes the refill rows the read stage sends, rebuilds the buffer in the replay's slot order,
+        lets out the straddle (rows let out but not delivered before the checkpoint), then applies
+        the logged steps at their positions up to where the checkpointed run had got (a knob change
+        it saw is applied where it applied it), and only then follows the live knob.
+        """
         assert inp is not None
         out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
         self._out = out
-        rng = np.random.default_rng([self.seed, epoch.index])
-        state = {"buffer": None, "chunk_rows": 1, "row_bytes": 1}
+        plan: ResumePlan | None = getattr(epoch, "resume", None)
+        rng = plan.rng if plan is not None and plan.rng is not None else np.random.default_rng([self.seed, epoch.index])
+        log = plan.log if plan is not None and plan.log is not None else ShuffleLog()
+        epoch.shuffle_log = log  # type: ignore[attr-defined]
+        pending = list(plan.pending) if plan is not None else []
+        logged_until = plan.logged_until if plan is not None else 0
+        state: dict = {
+            "buffer": None,
+            "chunk_rows": plan.chunk_rows if plan is not None else 1,
+            "row_bytes": log.row_bytes,
+            "drained": any(e[1] == DRAIN for e in log.events),
+            "refilled": plan is None,
+            "refill": [],
+        }
         table = epoch.table
+        if plan is not None:
+            table.total = plan.next_id
 
         def emit(chunks: list[dict]) -> list[Item]:
             items = []
@@ -79,26 +106,99 @@ class ShuffleStage(Stage):
                 items.append(Item(chunk, Origin((), ids, table), len(ids), nbytes(chunk)))
             return items
 
+        def new_buffer(capacity: int) -> ShuffleBuffer:
+            log.event(INIT, capacity)
+            buf = self._buffer_factory(rng, capacity)
+            state["buffer"] = self._buffer = buf
+            return buf
+
+        def resize(buf: ShuffleBuffer, capacity: int) -> list[dict]:
+            # a shrink lets rows out a chunk's worth at a time (see ShuffleBuffer.resize)
+            if capacity == buf.capacity and buf.size <= capacity:
+                return []  # draws nothing, changes nothing: not a step
+            log.event(RESIZE, capacity, state["chunk_rows"])
+            return buf.resize(capacity, max_out=state["chunk_rows"])
+
+        def live(position: int) -> bool:
+            return position >= logged_until and not pending
+
+        def apply_pending(position: int) -> list[dict]:
+            released: list[dict] = []
+            while pending and pending[0][0] == position:
+                _, kind, a, b = pending.pop(0)
+                if kind == INIT:
+                    new_buffer(a)
+                    continue
+                buf = state["buffer"]
+                if buf is None:
+                    raise PipelineError(f"stage {self.name!r}: the resumed log resizes a buffer that does not exist")
+                log.event(kind, a, b)
+                if kind == RESIZE:
+                    released += buf.resize(a, max_out=b)
+                else:
+                    released += buf.drain(a)
+                    state["drained"] = True
+            return released
+
+        def finish_refill() -> list[dict]:
+            """The rows a resume read again: the buffer in its slots, and the straddle let out first."""
+            state["refilled"] = True
+            assert plan is not None
+            chunks, state["refill"] = state["refill"], []
+            got = sum(num_rows(c) for c in chunks)
+            if got != len(plan.refill_ids):
+                raise PipelineError(
+                    f"stage {self.name!r}: the resume's refill brought {got} rows, the checkpoint needs "
+                    f"{len(plan.refill_ids)}: a stage before the shuffle skipped or changed rows of the refill"
+                )
+            rows: dict = {}
+            if chunks:
+                names = chunks[0].keys()
+                rows = {n: np.concatenate([c[n] for c in chunks]) for n in names}
+                rows[IDS] = plan.refill_ids
+            released = []
+            if len(plan.straddle_ids):
+                at = np.searchsorted(plan.refill_ids, plan.straddle_ids)
+                released.append({n: c[at] for n, c in rows.items()})
+            if plan.buffer_ids is not None:
+                buf = self._buffer_factory(rng, plan.capacity)
+                state["buffer"] = self._buffer = buf
+                if len(plan.buffer_ids):
+                    at = np.searchsorted(plan.refill_ids, plan.buffer_ids)
+                    buf.restore({n: c[at] for n, c in rows.items()})
+            return released
+
         def on_item(item: Item) -> list[Item]:
+            if item.origin is not None and item.origin.refill:
+                if state["refilled"]:
+                    raise PipelineError(f"stage {self.name!r}: refill rows came after new input")
+                state["refill"].append(dict(item.chunk))
+                return []
+            released = [] if state["refilled"] else finish_refill()
             chunk = dict(item.chunk)
             if IDS in chunk:
                 raise PipelineError(f"stage {self.name!r}: column name {IDS!r} is reserved")
             rows = num_rows(chunk)  # the chunk's own length (a map upstream may have changed it)
+            position = len(log.rows)  # chunks added before this one
+            if not live(position):
+                released += apply_pending(position)
+            if not state["row_bytes"]:  # the buffer's row: the chunk's columns and the 8-byte row id
+                state["row_bytes"] = log.row_bytes = 8 + sum(
+                    c.itemsize * int(np.prod(c.shape[1:], dtype=np.int64)) for c in chunk.values()
+                )
+            buf = state["buffer"]
+            if buf is None:
+                if not live(position):
+                    raise PipelineError(f"stage {self.name!r}: the resumed log adds a chunk before the buffer exists")
+                buf = new_buffer(self.capacity(state["row_bytes"]))
+            state["chunk_rows"] = max(state["chunk_rows"], rows)
+            if live(position):
+                released += resize(buf, self.capacity(state["row_bytes"]))
+            log.add(item.origin.read_at if item.origin is not None else None, item.rows, rows, self.name)
             start = table.add(item.origin, rows) if item.origin is not None else table.total
             if item.origin is None:
                 table.total += rows
             chunk[IDS] = np.arange(start, start + rows, dtype=np.int64)
-            buf = state["buffer"]
-            if buf is None:
-                row_bytes = sum(
-                    c.itemsize * int(np.prod(c.shape[1:], dtype=np.int64)) for c in chunk.values()
-                )
-                state["row_bytes"] = row_bytes
-                buf = self._buffer_factory(rng, self.capacity(row_bytes))
-                state["buffer"] = self._buffer = buf
-            state["chunk_rows"] = max(state["chunk_rows"], rows)
-            # a shrink lets rows out a chunk's worth at a time (see ShuffleBuffer.resize)
-            released = buf.resize(self.capacity(state["row_bytes"]), max_out=state["chunk_rows"])
             try:
                 released += buf.add(chunk)
             except ValueError as exc:
@@ -107,11 +207,20 @@ class ShuffleStage(Stage):
 
         def on_idle() -> list[Item]:
             buf = state["buffer"]
-            return emit(buf.resize(self.capacity(state["row_bytes"]), max_out=state["chunk_rows"])) if buf is not None else []
+            if buf is None or not state["refilled"] or not live(len(log.rows)):
+                return []
+            return emit(resize(buf, self.capacity(state["row_bytes"])))
 
         def on_end() -> list[Item]:
+            released = [] if state["refilled"] else finish_refill()
+            if pending:
+                released += apply_pending(len(log.rows))
             buf = state["buffer"]
-            return emit(buf.drain(state["chunk_rows"])) if buf is not None else []
+            if buf is not None and not state["drained"]:
+                log.event(DRAIN, state["chunk_rows"])
+                state["drained"] = True
+                released += buf.drain(state["chunk_rows"])
+            return emit(released)
 
         stats = self.stats.worker(0)
         epoch.spawn(lambda: sequential_loop(stats, inp, out, on_item, on_end, on_idle), self.name)

@@ -143,6 +143,19 @@ class ShuffleBuffer:
         self.size = 0
         return out
 
+    def restore(self, rows: Chunk) -> None:
+        """Hold ``rows`` in slots ``0..n-1`` (a resume rebuilding a buffer whose slot order a replay
+        found, ``resume.replay``); the generator must be the one the replay advanced, so that the
+        draws that follow are the draws an uninterrupted run makes."""
+        n = len(next(iter(rows.values()))) if rows else 0
+        if not n:
+            return
+        self._buf, self._maps = {}, {}
+        for name, column in rows.items():
+            self._buf[name] = self._new_column(name, max(n, self.capacity), column)
+            self._buf[name][:n] = column
+        self.size = n
+
     def _allocate(self, chunk: Chunk) -> None:
         # the whole capacity at once, in fresh pages that become resident only as rows are written, so
         # memory grows with the fill and never by copying a growing buffer

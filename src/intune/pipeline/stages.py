@@ -22,8 +22,8 @@ import numpy as np
 
 from intune.knobs import Knob
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
-from intune.pipeline.chunks import Chunk, RowTable, nbytes
-from intune.pipeline.errors import SchemaError, StageError, StageTimeoutError, WorkerLostError
+from intune.pipeline.chunks import Chunk, Origin, RowTable, nbytes
+from intune.pipeline.errors import SchemaError, SourceError, StageError, StageTimeoutError, WorkerLostError
 from intune.pipeline.metrics import StageMetrics
 from intune.pipeline.pool import PoolRun, ProcessPoolRun
 from intune.pipeline.procworker import SLOTS, ProcessWorker, RemoteError
@@ -268,6 +268,17 @@ class ReadStage(PooledStage):
         return dataclasses.replace(base, skipped=base.skipped + lines) if lines else base
 
     def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
+        """Read the source for an epoch; every chunk's origin carries its read address ``read_at``.
+
+        A resumed epoch (``epoch.resume``, see ``resume``) first sends the refill (the rows the
+        checkpoint's shuffle buffer held, read again, marked ``refill``), then the chunks after the
+        last one the checkpointed shuffle had added. A stream is read from its start again: the chunks
+        before that point are read only to take their refill rows (the documented cost of a source
+        without random access).
+        """
+        plan = getattr(epoch, "resume", None)
+        refill = plan.refill if plan is not None else {}
+        after = plan.resume_after if plan is not None else None
         if not self.source.parallel:
             out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
             self._out = out
@@ -278,18 +289,33 @@ class ReadStage(PooledStage):
                 # stage's busy_s / cpu_s; the wait in put() for room downstream is blocked_s
                 clock, cpu = time.perf_counter, time.thread_time
                 stream = iter(self.source.stream())
+                index = -1
                 while True:
                     t, c0 = clock(), cpu()
                     item = next(stream, None)
+                    index += 1
                     stats.cpu_s += cpu() - c0
                     t1 = clock()
                     stats.busy_s += t1 - t
                     if item is None:
+                        missing = [u for u in refill if u >= index]
+                        if missing:
+                            raise SourceError(
+                                f"resume: stream {self.name!r} ended after {index} chunks, the checkpoint "
+                                f"needs rows of its chunk #{missing[0]} (the data changed since the checkpoint)"
+                            )
                         break
-                    out.put([item])
-                    stats.items += 1
-                    stats.rows += item.rows
-                    stats.bytes_out += item.nbytes
+                    items = []
+                    if index in refill:
+                        items.append(refill_item(item, refill[index].get(0), index, 0))
+                    if after is None or index > after[0]:
+                        items.append(stamped(item, index, 0))
+                    if not items:
+                        continue
+                    out.put(items)
+                    stats.items += len(items)
+                    stats.rows += sum(i.rows for i in items)
+                    stats.bytes_out += sum(i.nbytes for i in items)
                     stats.blocked_s += clock() - t1
                 out.finish()
 
@@ -297,15 +323,62 @@ class ReadStage(PooledStage):
             return out
         units = self.source.units()
         feed = epoch.channel(f"{self.name}.units")
-        for unit in range(units):
+        for unit in sorted(refill):
+            keep_from = after[1] + 1 if after is not None and after[0] == unit else None
+            feed.put([Item(("refill", unit, keep_from), None, 0, 0)])
+        first = 0 if after is None else after[0]
+        for unit in range(first, units):
+            if after is not None and unit == after[0]:
+                if unit not in refill:  # else the refill task sends this unit's items after after[1]
+                    feed.put([Item(("from", unit, after[1] + 1), None, 0, 0)])
+                continue
             feed.put([Item(unit, None, 0, 0)])
         feed.finish()
         source = self.source
 
         def read(index: int, item: Item, stats: WorkerStats) -> list[Item]:
-            return source.read_unit(item.chunk)
+            task = item.chunk
+            if isinstance(task, int):
+                return [stamped(it, task, i) for i, it in enumerate(source.read_unit(task))]
+            kind, unit, keep_from = task
+            got = source.read_unit(unit)
+            out = []
+            if kind == "refill":
+                for i, wanted in sorted(refill[unit].items()):
+                    if i >= len(got):
+                        raise SourceError(
+                            f"resume: {source.describe(unit, 0, 0)} gave {len(got)} chunks, the checkpoint needs "
+                            f"rows of chunk {i} (the data changed since the checkpoint)"
+                        )
+                    out.append(refill_item(got[i], wanted, unit, i))
+            if keep_from is not None:
+                out.extend(stamped(it, unit, i) for i, it in enumerate(got) if i >= keep_from)
+            return out
 
         return self._start_pool(epoch, feed, read)
+
+
+def stamped(item: Item, unit: int, index: int) -> Item:
+    """``item`` with its read address in its origin (``Origin.read_at``)."""
+    origin = item.origin if item.origin is not None else Origin()
+    item.origin = dataclasses.replace(origin, read_at=(unit, index))
+    return item
+
+
+def refill_item(item: Item, wanted: tuple[int, np.ndarray] | None, unit: int, index: int) -> Item:
+    """The rows ``wanted = (rows read at the checkpoint, local indices)`` of ``item``, marked as refill;
+    a chunk whose row count changed since the checkpoint is an error (its rows have other ids now)."""
+    if wanted is None:
+        raise SourceError(f"resume: no refill rows planned for chunk {index} of unit {unit}")
+    rows, local = wanted
+    if item.rows != rows:
+        where = item.origin.describe() if item.origin is not None else f"unit {unit} chunk {index}"
+        raise SourceError(
+            f"resume: {where} has {item.rows} rows, the checkpoint recorded {rows} (the data changed since the checkpoint)"
+        )
+    chunk = {k: v[local] for k, v in item.chunk.items()}
+    origin = item.origin if item.origin is not None else Origin()
+    return Item(chunk, dataclasses.replace(origin, read_at=(unit, index), refill=True), len(local), nbytes(chunk))
 
 
 class MapStage(PooledStage):

@@ -14,7 +14,9 @@ drifting workload gets re-explored. It must not choose moves, nor know about kno
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 Workers = tuple[int, ...]
 DRIFT_AFTER = 3  # readings in a row of one vector before a change in its rate counts as drift
@@ -103,6 +105,32 @@ class AllocationMemory:
         # else: a transitional reading never overrides a settled one
         if len(self._readings) > 4 * max(self.ticks, 1):
             self._expire()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The readings, the clock and the CPU count they hold for, as plain values (for a checkpoint)."""
+        return {
+            "tick": self.tick,
+            "cpus": self._cpus,
+            "run": self._run,
+            "previous": None if self._previous is None else list(self._previous),
+            "readings": [
+                {"workers": list(w), "value": r.value, "tick": r.tick, "settled": r.settled}
+                for w, r in self._readings.items()
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``: the same readings at the same ages. A restarted job reads a
+        new CPU count as a resize and forgets them, as it would live."""
+        self.tick = int(state["tick"])
+        self._cpus = None if state["cpus"] is None else float(state["cpus"])
+        self._run = int(state["run"])
+        self._previous = None if state["previous"] is None else tuple(int(w) for w in state["previous"])
+        self._readings = {
+            tuple(int(w) for w in r["workers"]): Reading(float(r["value"]), int(r["tick"]), bool(r["settled"]))
+            for r in state["readings"]
+        }
+        self._best = None
 
     def recall(self, workers: Workers) -> Reading | None:
         """The reading of ``workers`` if it was measured within ``ticks``, else None."""

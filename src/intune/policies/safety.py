@@ -102,6 +102,32 @@ class SafetyLayer:
                 self._stage_changes = [*self._stage_changes[-31:], (moved, dm)]
         self._last_point = (vector, outside)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What ``track`` has measured (worker-count and memory changes, memory levels, the reading's
+        noise on still ticks), as plain values: without it a restarted job prices every worker at the
+        pessimistic probe cost again until it has re-measured."""
+        return {
+            "changes": [[int(dw), float(dm)] for dw, dm in self._changes],
+            "still": [float(d) for d in self._still],
+            "levels": [[int(w), float(m)] for w, m in self._levels],
+            "stage_changes": [[np.asarray(moved, dtype=float), float(dm)] for moved, dm in self._stage_changes],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()`` of a layer over the same knobs. The last tick's point is not
+        carried: the first tick after a restart starts a new difference."""
+        self._changes = [(int(dw), float(dm)) for dw, dm in state["changes"]]
+        self._still = [float(d) for d in state["still"]]
+        self._levels = [(int(w), float(m)) for w, m in state["levels"]]
+        self._stage_changes = [(np.asarray(moved, dtype=float), float(dm)) for moved, dm in state["stage_changes"]]
+        for moved, _ in self._stage_changes:
+            if moved.shape != (len(self._cpu),):
+                raise ValueError(
+                    f"safety layer state: a worker change over {moved.shape[0]} CPU knobs, this layer has {len(self._cpu)}"
+                )
+        self._last_point = None
+        self._worker_bytes = self._stage_bytes = self._noise_of = self._units = None
+
     @property
     def knows_worker_cost(self) -> bool:
         return bool(self._changes)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -131,6 +132,43 @@ class SteerPolicy:
         reset = getattr(self.propose, "reset", None)
         if reset is not None:
             reset(knobs, observation)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the rules have measured and where they are, as plain values: the allocation memory
+        (throughput per worker vector), the safety layer's worker costs, the ticks held and since a new
+        vector, the trial being judged, the rules' counts, and the proposer's state if it has one.
+        Call it on a policy that has been ``reset`` (the tuner does)."""
+        trial = None if self.trial is None else [list(self.trial[0]), list(self.trial[1]), bool(self.trial[2])]
+        state_of = getattr(self.propose, "state_dict", None)
+        return {
+            "memory": self.memory.state_dict(),
+            "safety": self.safety.state_dict(),
+            "held_ticks": self.held_ticks,
+            "fresh_ticks": self.fresh_ticks,
+            "moved_once": self.moved_once,
+            "trial": trial,
+            "rule_ticks": dict(self.rule_ticks),
+            "proposer": state_of() if callable(state_of) else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``, on a policy ``reset`` on the same knobs. The warm start is
+        skipped: the knobs already hold the saved allocation (restored by the tuner)."""
+        self.memory.load_state_dict(state["memory"])
+        self.safety.load_state_dict(state["safety"])
+        self.held_ticks = int(state["held_ticks"])
+        self.fresh_ticks = int(state["fresh_ticks"])
+        self.moved_once = bool(state["moved_once"])
+        trial = state["trial"]
+        self.trial = None if trial is None else (tuple(int(w) for w in trial[0]), tuple(int(w) for w in trial[1]), bool(trial[2]))
+        self.rule_ticks = Counter({str(k): int(v) for k, v in state["rule_ticks"].items()})
+        if state["proposer"] is not None:
+            load = getattr(self.propose, "load_state_dict", None)
+            if not callable(load):
+                raise ValueError("steer policy state: it holds a proposer's state, but this policy's proposer keeps none")
+            load(state["proposer"])
+        self._start = None
+        self.last_rules, self.last_choice = (), None
 
     def step(self, observation: Observation) -> dict[str, int]:
         # the throughput of the last tick belongs to the workers in place now, before this tick's move

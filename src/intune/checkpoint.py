@@ -1,0 +1,272 @@
+"""Checkpoint files: one format for every ``state_dict`` in intune (pipeline, DataLoader, tuner, bundles).
+
+Owns the on-disk layout, its atomic write and its checks on load. It must not know what a state
+means: callers build the nested structure and check its contents; this module only stores it
+faithfully or refuses to load it.
+
+Layout (all integers little-endian)::
+
+    b"INTUNECK"                 8 bytes, the magic
+    u64 header_len              length of the JSON header that follows
+    header                      UTF-8 JSON: format, kind, intune_version, payload_bytes, sha256, tree
+    payload                     the arrays' raw bytes, each at an 8-byte aligned offset
+
+The tree mirrors the state: a JSON value for str/int/float/bool/None, ``{"list": [...]}`` for a
+list or tuple, ``{"dict": {...}}`` for a dict (str keys only), ``{"array": {dtype, shape, offset,
+nbytes}}`` for a numpy array. Nothing is pickled, so loading a file cannot run code, and nothing is
+base64 in the JSON, so a large array costs its bytes and no more. The sha256 covers the kind, the
+tree and the payload: a flipped bit anywhere that matters is a ``CheckpointError``, never a state
+that loads with other values.
+
+A save is atomic: a temporary file in the same directory, flushed and fsynced, then ``os.replace``
+and an fsync of the directory. A process killed at any moment leaves either the old checkpoint or
+the new one under the name, never a mix; the temporary file it may leave behind is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"INTUNECK"
+FORMAT_VERSION = 1
+_ALIGN = 8
+_HEADER_LEN = struct.Struct("<Q")
+# Numeric and boolean dtypes only: an object array could hold anything, a string array is not what
+# a state needs (strings go in the tree as JSON).
+_ARRAY_KINDS = frozenset("biufc")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be loaded as asked: truncated, corrupted, another format or version,
+    or another kind of state. The message names the file and what is wrong."""
+
+
+def _intune_version() -> str:
+    from intune import __version__
+
+    return __version__
+
+
+def _encode(value: Any, where: str, arrays: list[np.ndarray]) -> Any:
+    """The tree node for ``value``; arrays are appended to ``arrays`` and referenced by index."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return {"float": repr(value)}
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in _ARRAY_KINDS:
+            raise TypeError(f"checkpoint state: {where} is an array of dtype {value.dtype}; only numeric and bool arrays are stored")
+        arrays.append(value)
+        return {"array": len(arrays) - 1}
+    if isinstance(value, np.generic):
+        if value.dtype.kind not in _ARRAY_KINDS:
+            raise TypeError(f"checkpoint state: {where} is a numpy scalar of dtype {value.dtype}")
+        return _encode(value.item(), where, arrays)
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"checkpoint state: {where} has a key {key!r} of type {type(key).__name__}; keys must be str")
+            out[key] = _encode(item, f"{where}[{key!r}]", arrays)
+        return {"dict": out}
+    if isinstance(value, (list, tuple)):
+        return {"list": [_encode(item, f"{where}[{i}]", arrays) for i, item in enumerate(value)]}
+    raise TypeError(
+        f"checkpoint state: {where} is a {type(value).__name__}; a state holds dicts with str keys, lists, "
+        "str, int, float, bool, None and numeric numpy arrays"
+    )
+
+
+def _layout(arrays: list[np.ndarray]) -> tuple[list[dict[str, Any]], int]:
+    """Each array's descriptor (dtype, shape, offset, nbytes) and the payload's total size."""
+    specs, offset = [], 0
+    for array in arrays:
+        offset = -(-offset // _ALIGN) * _ALIGN
+        specs.append({"dtype": array.dtype.str, "shape": list(array.shape), "offset": offset, "nbytes": int(array.nbytes)})
+        offset += int(array.nbytes)
+    return specs, offset
+
+
+def _digest(kind: str, tree_json: bytes, payload: bytes | memoryview) -> str:
+    h = hashlib.sha256()
+    h.update(kind.encode())
+    h.update(b"\0")
+    h.update(tree_json)
+    h.update(b"\0")
+    h.update(payload)
+    return h.hexdigest()
+
+
+def _canonical(tree: Any) -> bytes:
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def dumps_checkpoint(state: Mapping[str, Any], *, kind: str) -> bytes:
+    """The bytes of a checkpoint file holding ``state`` (what ``save_checkpoint`` writes)."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"checkpoint state must be a mapping with str keys, not {type(state).__name__}")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"checkpoint kind must be a non-empty str, not {kind!r}")
+    arrays: list[np.ndarray] = []
+    tree = _encode(state, "state", arrays)
+    specs, total = _layout(arrays)
+    payload = bytearray(total)
+    for array, spec in zip(arrays, specs, strict=True):
+        if spec["nbytes"]:
+            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            payload[spec["offset"] : spec["offset"] + spec["nbytes"]] = flat.tobytes()
+    body = {"tree": tree, "arrays": specs}
+    body_json = _canonical(body)
+    header = {
+        "format": FORMAT_VERSION,
+        "kind": kind,
+        "intune_version": _intune_version(),
+        "payload_bytes": total,
+        "sha256": _digest(kind, body_json, payload),
+        "body": body,
+    }
+    header_json = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    return MAGIC + _HEADER_LEN.pack(len(header_json)) + header_json + bytes(payload)
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any], *, kind: str) -> Path:
+    """Write ``state`` to ``path`` atomically and durably; returns the path.
+
+    The bytes go to a temporary file beside ``path`` (same directory, so ``os.replace`` is a rename
+    on one file system), which is fsynced, renamed over ``path``, and the directory fsynced so the
+    rename itself survives a power cut. A failure at any point leaves the previous file intact.
+    """
+    path = Path(path)
+    data = dumps_checkpoint(state, kind=kind)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(directory)
+    return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # a platform without directory handles: the rename is still atomic
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def _decode(node: Any, arrays: list[np.ndarray], where: str, name: str) -> Any:
+    if node is None or isinstance(node, (bool, str, int, float)):
+        return node
+    if isinstance(node, dict) and len(node) == 1:
+        (tag, inner), = node.items()
+        if tag == "dict" and isinstance(inner, dict):
+            return {key: _decode(item, arrays, f"{where}[{key!r}]", name) for key, item in inner.items()}
+        if tag == "list" and isinstance(inner, list):
+            return [_decode(item, arrays, f"{where}[{i}]", name) for i, item in enumerate(inner)]
+        if tag == "array" and isinstance(inner, int) and 0 <= inner < len(arrays):
+            return arrays[inner]
+        if tag == "float" and inner in ("nan", "inf", "-inf"):
+            return float(inner)
+    raise CheckpointError(f"checkpoint {name}: malformed tree at {where}: {str(node)[:80]}")
+
+
+def loads_checkpoint(data: bytes, *, kind: str | None = None, name: str = "<bytes>") -> dict[str, Any]:
+    """The state held by checkpoint bytes ``data``; ``name`` is the file named in errors."""
+    view = memoryview(data)
+    prefix = len(MAGIC) + _HEADER_LEN.size
+    if len(view) < prefix:
+        raise CheckpointError(f"checkpoint {name}: truncated ({len(view)} bytes, shorter than the {prefix}-byte prefix)")
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        raise CheckpointError(f"checkpoint {name}: not an intune checkpoint (magic {bytes(view[:len(MAGIC)])!r}, expected {MAGIC!r})")
+    (header_len,) = _HEADER_LEN.unpack_from(view, len(MAGIC))
+    if prefix + header_len > len(view):
+        raise CheckpointError(f"checkpoint {name}: truncated (header of {header_len} bytes, file of {len(view)})")
+    try:
+        header = json.loads(bytes(view[prefix : prefix + header_len]))
+        version = header["format"]
+        stored_kind = header["kind"]
+        payload_bytes = int(header["payload_bytes"])
+        digest = header["sha256"]
+        body = header["body"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {name}: corrupted header ({exc})") from None
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise CheckpointError(
+            f"checkpoint {name}: format version {version!r}, this intune ({_intune_version()}) reads up to "
+            f"{FORMAT_VERSION}; it was written by intune {header.get('intune_version')!r}"
+        )
+    payload = view[prefix + header_len :]
+    if len(payload) != payload_bytes:
+        raise CheckpointError(f"checkpoint {name}: truncated or extended payload ({len(payload)} bytes, header says {payload_bytes})")
+    try:
+        body_json = _canonical(body)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {name}: corrupted header ({exc})") from None
+    if _digest(str(stored_kind), body_json, payload) != digest:
+        raise CheckpointError(f"checkpoint {name}: checksum mismatch, the file is corrupted")
+    if kind is not None and stored_kind != kind:
+        raise CheckpointError(f"checkpoint {name}: holds a {stored_kind!r} state, expected {kind!r}")
+    arrays = []
+    for i, spec in enumerate(body.get("arrays", [])):
+        try:
+            dtype = np.dtype(spec["dtype"])
+            shape = tuple(int(n) for n in spec["shape"])
+            offset, nbytes = int(spec["offset"]), int(spec["nbytes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {name}: malformed array {i} ({exc})") from None
+        count = math.prod(shape)
+        if dtype.kind not in _ARRAY_KINDS or count * dtype.itemsize != nbytes or offset + nbytes > payload_bytes:
+            raise CheckpointError(f"checkpoint {name}: malformed array {i} ({spec})")
+        arrays.append(np.frombuffer(payload, dtype=dtype, count=count, offset=offset).reshape(shape).copy())
+    state = _decode(body.get("tree"), arrays, "state", name)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {name}: the stored state is not a dict")
+    return state
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, kind: str | None = None) -> dict[str, Any]:
+    """The state stored at ``path``. With ``kind``, a file of another kind raises ``CheckpointError``.
+
+    Arrays come back as writable numpy arrays of the saved dtype and shape, tuples as lists, numpy
+    scalars as Python numbers. A missing file raises ``FileNotFoundError``.
+    """
+    path = Path(path)
+    return loads_checkpoint(path.read_bytes(), kind=kind, name=str(path))
+
+
+def checkpoint_kind(path: str | os.PathLike[str]) -> str:
+    """The kind recorded in a checkpoint file, after the same checks as ``load_checkpoint``."""
+    path = Path(path)
+    data = path.read_bytes()
+    loads_checkpoint(data, name=str(path))
+    (header_len,) = _HEADER_LEN.unpack_from(data, len(MAGIC))
+    return json.loads(data[len(MAGIC) + _HEADER_LEN.size : len(MAGIC) + _HEADER_LEN.size + header_len])["kind"]

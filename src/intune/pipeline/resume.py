@@ -1,0 +1,347 @@
+"""Resuming an epoch mid-way: what a pipeline's state holds, and how a resume rebuilds the shuffle.
+
+Owns the shuffle's record of an epoch (``ShuffleLog``), the replay of that record on row ids
+(``replay``), the plan a resumed epoch follows (``ResumePlan``: which rows to read again, where the
+read stage picks up, the buffer's slots and generator), the pipeline's fingerprint and the rules for
+which pipelines can be resumed. The engine calls it (``Pipeline.state_dict`` / ``load_state_dict``);
+the stages follow the plan. It must not read files or run stages itself.
+
+Why the state is small. With ``deterministic=True`` the shuffle's input is a fixed sequence of chunks
+(units read in order), and its random draws depend only on sizes: each chunk's row count, the capacity
+at each step and the generator ``default_rng([seed, epoch])``, never on values. So the state is the
+consumer's position (rows and batches delivered), and the shuffle's log: each input chunk's address
+``(unit, i)`` and rows, and every step that changed the capacity or let rows out outside ``add`` (a
+``buffer_mb`` change, a shrink, the final drain). Replaying the log on row ids only, up to the step
+whose output crosses the consumer's position, gives the buffer's exact contents (ids in slot order) and
+the generator's state; a resume reads those rows again ("the refill"), and the source from the chunk
+after the last replayed one. See docs/resume.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from intune.checkpoint import CheckpointError
+from intune.pipeline.shuffle import IDS, ShuffleBuffer
+
+if TYPE_CHECKING:
+    from intune.pipeline.engine import Pipeline
+
+STATE_VERSION = 1
+
+# event kinds in the shuffle log: (position = chunks added before it, kind, a, b)
+INIT, RESIZE, DRAIN = 0, 1, 2
+
+
+class ResumeError(ValueError):
+    """This pipeline cannot take or resume a checkpoint as asked (the message says why)."""
+
+
+class ShuffleLog:
+    """What a shuffle stage did in one epoch: its input chunks and the steps that drew outside ``add``.
+
+    The shuffle thread appends; ``snapshot`` (the consumer's thread) copies under the lock. A chunk
+    without a read address, or whose rows differ from the rows read (a map before the shuffle that
+    drops rows), makes the epoch unresumable: ``problem`` says why, and ``state_dict`` raises it.
+    """
+
+    def __init__(self, units: list[int] | None = None, items: list[int] | None = None,
+                 rows: list[int] | None = None, events: list[tuple[int, int, int, int]] | None = None,
+                 row_bytes: int = 0) -> None:
+        self._lock = threading.Lock()
+        self.units = units or []
+        self.items = items or []
+        self.rows = rows or []
+        self.events = events or []
+        self.row_bytes = row_bytes
+        self.problem = ""
+
+    def add(self, read_at: tuple[int, int] | None, read_rows: int, rows: int, stage: str) -> None:
+        with self._lock:
+            if not self.problem:
+                if read_at is None:
+                    self.problem = f"a chunk reached stage {stage!r} without a read address (a custom source or stage, or a map_rows before the shuffle that skipped rows)"
+                elif read_rows != rows:
+                    self.problem = (
+                        f"a chunk of {read_rows} source rows reached stage {stage!r} with {rows} rows: a map "
+                        "before the shuffle changed the row count, so row ids no longer name source rows"
+                    )
+            unit, item = read_at if read_at is not None else (-1, -1)
+            self.units.append(unit)
+            self.items.append(item)
+            self.rows.append(rows)
+
+    def event(self, kind: int, a: int, b: int = 0) -> None:
+        with self._lock:
+            self.events.append((len(self.rows), kind, a, b))
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            if self.problem:
+                raise ResumeError(f"this epoch cannot be resumed: {self.problem}")
+            events = np.array(self.events, dtype=np.int64).reshape(-1, 4)
+            return {
+                "units": np.array(self.units, dtype=np.int64),
+                "items": np.array(self.items, dtype=np.int32),
+                "rows": np.array(self.rows, dtype=np.int32),
+                "events": events,
+                "row_bytes": int(self.row_bytes),
+            }
+
+
+@dataclass
+class ResumePlan:
+    """What a resumed epoch does differently, for the read stage and the shuffle stage."""
+
+    epoch: int
+    rows: int  # rows delivered before the checkpoint (epoch-global)
+    batches: int
+    shuffle_seed: int = 0
+    # read stage: {unit: {item: (rows read then, local row indices to send again, ascending)}}
+    refill: dict[int, dict[int, tuple[int, np.ndarray]]] = field(default_factory=dict)
+    resume_after: tuple[int, int] | None = None  # the last chunk the replay added: read what follows it
+    # shuffle stage
+    refill_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # ascending
+    buffer_ids: np.ndarray | None = None  # slot order; None: no buffer yet
+    straddle_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # let out, not delivered
+    rng: np.random.Generator | None = None
+    capacity: int = 0
+    next_id: int = 0  # the row id of the next chunk added
+    log: ShuffleLog | None = None  # the log up to the replay's stop (the resumed epoch appends to it)
+    pending: list[tuple[int, int, int, int]] = field(default_factory=list)  # logged steps after the stop
+    logged_until: int = 0  # chunks the checkpointed run had added: below it, only logged steps
+    chunk_rows: int = 1  # the largest chunk added so far (the shuffle's max_out)
+
+
+def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, where: str) -> ResumePlan:
+    """Replay a shuffle log on row ids until its output has covered ``delivered`` rows.
+
+    Steps run in the order they ran: the events logged at position ``k`` (chunks added before them),
+    then chunk ``k``'s ``add``. The replay stops after the step whose output reaches ``delivered``
+    (at once when nothing was delivered); that step's rows past ``delivered`` are the straddle, let
+    out but not delivered.
+    """
+    units = np.asarray(shuffle["units"], dtype=np.int64)
+    items = np.asarray(shuffle["items"], dtype=np.int64)
+    rows = np.asarray(shuffle["rows"], dtype=np.int64)
+    events = [tuple(int(x) for x in e) for e in np.asarray(shuffle["events"], dtype=np.int64).reshape(-1, 4)]
+    if not (len(units) == len(items) == len(rows)) or (rows < 0).any():
+        raise CheckpointError(f"{where}: the shuffle log's chunk arrays are inconsistent")
+    starts = np.concatenate([[0], np.cumsum(rows)])
+    rng = np.random.default_rng([seed, epoch])
+    buf: ShuffleBuffer | None = None
+    emitted = 0
+    straddle = np.empty(0, np.int64)
+    k = e = 0
+    total = len(rows)
+    stopped = delivered <= 0
+
+    def step_out(chunks: list[dict[str, np.ndarray]]) -> None:
+        nonlocal emitted, straddle, stopped
+        if not chunks:
+            return
+        ids = np.concatenate([c[IDS] for c in chunks])
+        before, emitted = emitted, emitted + len(ids)
+        if emitted >= delivered:
+            straddle = ids[delivered - before :].copy()
+            stopped = True
+
+    while not stopped:
+        if e < len(events) and events[e][0] == k:
+            _, kind, a, b = events[e]
+            e += 1
+            if kind == INIT:
+                buf = ShuffleBuffer(rng, a)
+            elif buf is None:
+                raise CheckpointError(f"{where}: the shuffle log resizes a buffer before it exists")
+            elif kind == RESIZE:
+                step_out(buf.resize(a, max_out=b))
+            elif kind == DRAIN:
+                step_out(buf.drain(a))
+            else:
+                raise CheckpointError(f"{where}: unknown shuffle log event {kind}")
+            continue
+        if k >= total:
+            raise CheckpointError(
+                f"{where}: the shuffle log covers {emitted} rows let out, fewer than the {delivered} delivered"
+            )
+        if buf is None:
+            raise CheckpointError(f"{where}: the shuffle log adds a chunk before the buffer exists")
+        ids = np.arange(starts[k], starts[k + 1], dtype=np.int64)
+        k += 1
+        step_out(buf.add({IDS: ids}))
+    buffer_ids = None
+    capacity = 0
+    if buf is not None:
+        capacity = buf.capacity
+        buffer_ids = buf._buf[IDS][: buf.size].copy() if buf.size else np.empty(0, np.int64)
+    needed = np.sort(np.concatenate([buffer_ids if buffer_ids is not None else np.empty(0, np.int64), straddle]))
+    plan = ResumePlan(
+        epoch=epoch,
+        rows=delivered,
+        batches=0,
+        shuffle_seed=seed,
+        refill_ids=needed,
+        buffer_ids=buffer_ids,
+        straddle_ids=straddle,
+        rng=rng,
+        capacity=capacity,
+        next_id=int(starts[k]),
+        log=ShuffleLog(units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), events[:e], int(shuffle["row_bytes"])),
+        pending=events[e:],
+        logged_until=total,
+        chunk_rows=max(1, int(rows[:k].max()) if k else 1),
+        resume_after=(int(units[k - 1]), int(items[k - 1])) if k else None,
+    )
+    # which (unit, item) holds each needed id, and its local row
+    which = np.searchsorted(starts, needed, side="right") - 1
+    for chunk in np.unique(which):
+        local = needed[which == chunk] - starts[chunk]
+        unit, item = int(units[chunk]), int(items[chunk])
+        plan.refill.setdefault(unit, {})[item] = (int(rows[chunk]), local)
+    return plan
+
+
+# ---- fingerprints ------------------------------------------------------------------------------------
+
+
+def _file_facts(paths: list[str]) -> list[list[Any]]:
+    import os
+
+    out = []
+    for path in paths:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = -1
+        out.append([path, size])
+    return out
+
+
+def source_fingerprint(source: Any) -> dict[str, Any]:
+    """The facts of a source that must match for a checkpoint to apply: files and sizes, columns,
+    chunking (the shuffle's input chunks must be cut where they were)."""
+    from intune.pipeline.criteo import CriteoTsvSource
+    from intune.pipeline.sources import IterableSource, ParquetSource
+
+    if isinstance(source, ParquetSource):
+        return {
+            "kind": "parquet",
+            "files": _file_facts(source.paths),
+            "columns": list(source.columns) if source.columns is not None else None,
+            "chunk_rows": source.chunk_rows,
+            "strings": source.strings,
+        }
+    if isinstance(source, CriteoTsvSource):
+        return {
+            "kind": "criteo_tsv",
+            "files": _file_facts(source.paths),
+            "chunk_rows": source.chunk_rows,
+            "block_bytes": source.block_bytes,
+            "on_error": source.on_error,
+        }
+    if isinstance(source, IterableSource):
+        return {"kind": "iterable", "name": source.name}
+    return {"kind": type(source).__name__}
+
+
+def _function_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def stage_fingerprint(stage: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": stage.name, "kind": stage.kind}
+    if stage.kind == "read":
+        out["source"] = source_fingerprint(stage.source)
+    elif stage.kind == "shuffle":
+        out.update(buffer_rows=stage.buffer_rows, seed=stage.seed, by=getattr(stage, "by", None))
+    elif stage.kind == "batch":
+        out.update(batch_rows=stage.batch_rows, drop_last=stage.drop_last)
+    elif stage.kind == "prefetch":
+        out.update(depth=stage.depth)
+    elif hasattr(stage, "fn"):
+        out.update(mode=stage.mode, on_error=stage.on_error, fn=_function_name(stage.fn), type=type(stage).__name__)
+    else:
+        out["type"] = type(stage).__name__
+    return out
+
+
+def fingerprint(pipe: Pipeline) -> dict[str, Any]:
+    shard = pipe.shard
+    return {
+        "deterministic": pipe.deterministic,
+        "shard": None if shard is None else {"rank": shard.rank, "world_size": shard.world_size, "uneven": shard.uneven},
+        "stages": [stage_fingerprint(s) for s in pipe._stages],
+    }
+
+
+def differences(saved: Any, here: Any, path: str = "") -> list[str]:
+    """Where two fingerprints differ, as ``path: saved vs here`` lines."""
+    if isinstance(saved, Mapping) and isinstance(here, Mapping):
+        out = []
+        for key in sorted(set(saved) | set(here)):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in saved or key not in here:
+                out.append(f"{sub}: {'missing' if key not in saved else repr(saved[key])} in the checkpoint, "
+                           f"{'missing' if key not in here else repr(here[key])} here")
+            else:
+                out.extend(differences(saved[key], here[key], sub))
+        return out
+    if isinstance(saved, list) and isinstance(here, list) and len(saved) == len(here):
+        out = []
+        for i, (a, b) in enumerate(zip(saved, here, strict=True)):
+            out.extend(differences(a, b, f"{path}[{i}]"))
+        return out
+    if saved != here:
+        return [f"{path}: {saved!r} in the checkpoint, {here!r} here"]
+    return []
+
+
+def _describe_stages(prints: list[dict[str, Any]]) -> str:
+    return " -> ".join(f"{p.get('name')}({p.get('kind')})" for p in prints)
+
+
+def check_fingerprint(saved: Mapping[str, Any], here: Mapping[str, Any]) -> None:
+    diffs = differences(saved, here)
+    if not diffs:
+        return
+    if len(saved.get("stages", [])) != len(here.get("stages", [])):
+        diffs = [
+            f"stages: {_describe_stages(saved.get('stages', []))} in the checkpoint, "
+            f"{_describe_stages(here.get('stages', []))} here"
+        ] + [d for d in diffs if not d.startswith("stages")]
+    shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+    raise CheckpointError(f"the checkpoint is from another pipeline: {shown}")
+
+
+# ---- what can be resumed -----------------------------------------------------------------------------
+
+
+def check_resumable(pipe: Pipeline) -> None:
+    """Raise ``ResumeError`` for a pipeline whose epochs a checkpoint cannot resume exactly."""
+    if not pipe.deterministic:
+        raise ResumeError(
+            "state_dict() needs deterministic=True: with deterministic=False chunks overtake each other, so "
+            "the rows after a position depend on timing and cannot be found again"
+        )
+    kinds = [s.kind for s in pipe._stages]
+    shuffles = [s for s in pipe._stages if s.kind == "shuffle"]
+    if len(shuffles) != 1:
+        raise ResumeError(
+            f"state_dict() needs exactly one shuffle stage (it records the epoch's input); this pipeline has "
+            f"{len(shuffles)} ({' -> '.join(kinds)}); add .shuffle() (a small buffer_rows if the order must stay)"
+        )
+    if getattr(shuffles[0], "by", None) is not None:
+        raise ResumeError(
+            f"state_dict(): stage {shuffles[0].name!r} shuffles sessions (by={shuffles[0].by!r}); its draws depend "
+            "on the session ids' values, which a replay on row ids cannot see, so it cannot be resumed yet"
+        )
+    known = {"read", "map", "shuffle", "batch", "prefetch"}
+    for stage in pipe._stages:
+        if stage.kind not in known:
+            raise ResumeError(f"state_dict(): stage {stage.name!r} of kind {stage.kind!r} has no resume rule")
