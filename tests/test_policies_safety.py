@@ -232,3 +232,13 @@ def test_a_worker_behind_a_large_noisy_base_is_priced_from_the_ramp_of_levels():
         obs = _obs({"a.workers": 8, "b.workers": 6}, cpus=64, used_gb=32.1 * (1 + 0.02 * rng.standard_normal()), limit_gb=52)
         still.mask(obs)
     assert still.worker_memory_bytes(obs) == obs.memory_used_bytes / 14
+
+
+def test_the_memory_margin_is_where_the_reward_starts_to_fall() -> None:
+    from intune.agent.config import AgentConfig
+    from intune.monitor.observation import MEMORY_SAFE_FRACTION, memory_factor
+    from intune.policies.steer import SteerConfig
+
+    default = SafetyLayer(_knobs({"a.workers": 1}), DELTAS).margin
+    assert default == AgentConfig().memory_margin == SteerConfig().memory_margin == MEMORY_SAFE_FRACTION
+    assert memory_factor(MEMORY_SAFE_FRACTION) == 1.0 > memory_factor(MEMORY_SAFE_FRACTION + 0.01)

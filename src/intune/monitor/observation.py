@@ -13,7 +13,9 @@ OOM_PENALTY = -10.0
 """Reward of a tick that ended in an out-of-memory kill (in units of normalised throughput)."""
 
 MEMORY_SAFE_FRACTION = 0.85
-"""Memory use (fraction of the limit) where the reward's memory factor starts to fall."""
+"""Memory use (fraction of the limit) where the reward's memory factor starts to fall; also the memory
+margin that the policies' safety mask keeps projected use under by default (``SafetyLayer``,
+``AgentConfig.memory_margin``, ``SteerConfig.memory_margin``): past it a move only loses reward."""
 
 STAGE_KINDS: tuple[str, ...] = ("read", "shuffle", "map", "batch", "prefetch", "stage")
 """What a stage does, declared by the stage (engine) or its spec (simulator), so that no policy guesses
