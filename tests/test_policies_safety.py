@@ -2,13 +2,13 @@
 
 import numpy as np
 
+from _knobs import kind_of
 from intune.agent.config import AgentConfig
 from intune.agent.env import random_sim
-from intune.policies.safety import SafetyLayer
-from intune.units import MB
 from intune.knobs import Knob
 from intune.monitor.observation import Observation, StageObservation
-from _knobs import kind_of
+from intune.policies.safety import SafetyLayer
+from intune.units import MB
 
 DELTAS = (-5, -1, 0, 1, 5)
 GB = 1 << 30
@@ -124,10 +124,10 @@ def test_random_exploration_through_the_mask_never_ooms_on_tight_memory():
         obs = sim.reset()
         for _ in range(60):
             values = [k.value for k in knobs]
-            before = sum(v for k, v in zip(knobs, values) if k.unit == "cpu")
+            before = sum(v for k, v in zip(knobs, values, strict=True) if k.unit == "cpu")
             mask = safety.mask(obs, values)
             moves = safety.moves(safety.select(rng.random(mask.shape), mask, obs, values), obs)
-            for k, v, d in zip(knobs, values, moves):
+            for k, v, d in zip(knobs, values, moves, strict=True):
                 if d:
                     k.set(int(v + d))
             after = sum(k.value for k in knobs if k.unit == "cpu")

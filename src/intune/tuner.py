@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from intune.knobs import Knob
-from intune.monitor.live import observe
 from intune.monitor import Monitor
+from intune.monitor.live import observe
 from intune.monitor.observation import Observation, reward
 from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, Policy, make
 from intune.policies.runner import Runner

@@ -15,7 +15,6 @@ from intune.monitor.observation import Observation
 from intune.units import MB
 
 
-
 @runtime_checkable
 class Policy(Protocol):
     """Decides knob values. ``reset`` once, then ``step`` every tick."""
