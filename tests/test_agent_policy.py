@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from _knobs import kind_of
 from _online import fine_tune
-from intune.bench.agent import decision_time
 from intune.agent.features import N_FEATURES
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, load_weights
+from intune.bench.agent import decision_time
 from intune.policies import even_split, make
 from intune.sim import Simulator, load_workload, run_episode
-from _knobs import kind_of
 
 
 def test_shipped_weights_load_with_weights_only_and_are_small():

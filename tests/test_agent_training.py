@@ -7,7 +7,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.dqn import train
 from intune.agent.env import SimEnv
 from intune.agent.evaluate import score_episode
-from intune.agent.features import FeatureBuilder, KNOB_FEATURES
+from intune.agent.features import KNOB_FEATURES, FeatureBuilder
 from intune.agent.policy import IntunePolicy
 from intune.sim.simulator import Simulator
 from intune.sim.spec import spec_from_dict

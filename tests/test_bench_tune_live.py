@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from intune.bench import machine_control as machine
-from intune.bench import tune_workload as wl
 from intune.bench import tune_live as tl
+from intune.bench import tune_workload as wl
 
 
 def test_exhaustive_search_keeps_the_best_of_every_allocation() -> None:

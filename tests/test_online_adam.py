@@ -22,7 +22,7 @@ def test_it_takes_the_same_steps_as_torch_adam():
             opt.zero_grad()
             net(x).pow(2).mean().backward()
             opt.step()
-    for a, b in zip(ours.parameters(), theirs.parameters()):
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -9,9 +9,9 @@ import torch
 from _knobs import dict_knobs
 from intune.agent.config import AgentConfig
 from intune.agent.features import KNOB_FEATURES
-from intune.policies.allocation_memory import AllocationMemory
 from intune.agent.policy import NetworkProposer
 from intune.monitor.observation import Observation, StageObservation
+from intune.policies.allocation_memory import AllocationMemory
 from intune.policies.steer import SteerConfig, SteerPolicy
 
 MB = 1 << 20

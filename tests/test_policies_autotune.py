@@ -2,11 +2,10 @@
 
 import pytest
 
-from _knobs import dict_knobs
+from _knobs import dict_knobs, kind_of
 from intune.monitor.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
 from intune.policies.autotune import LegacyPrefetchAutotuner, RamBudget, share_pool
-from _knobs import kind_of
 
 MB = 1 << 20
 

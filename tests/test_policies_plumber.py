@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from _knobs import dict_knobs
+from _knobs import dict_knobs, kind_of
 from intune.knobs import Knob
 from intune.monitor.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
@@ -20,7 +20,6 @@ from intune.policies.plumber import (
 )
 from intune.sim import Simulator, constant_schedule, run_episode
 from intune.sim.spec import spec_from_dict
-from _knobs import kind_of
 
 MB = 1 << 20
 

@@ -2,13 +2,13 @@
 
 import numpy as np
 
+from _knobs import kind_of
 from intune.agent.config import AgentConfig
 from intune.agent.env import random_sim
-from intune.policies.safety import SafetyLayer
-from intune.units import MB
 from intune.knobs import Knob
 from intune.monitor.observation import Observation, StageObservation
-from _knobs import kind_of
+from intune.policies.safety import SafetyLayer
+from intune.units import MB
 
 DELTAS = (-5, -1, 0, 1, 5)
 GB = 1 << 30
@@ -139,10 +139,10 @@ def test_random_exploration_through_the_mask_never_ooms_on_tight_memory():
         obs = sim.reset()
         for _ in range(60):
             values = [k.value for k in knobs]
-            before = sum(v for k, v in zip(knobs, values) if k.unit == "cpu")
+            before = sum(v for k, v in zip(knobs, values, strict=True) if k.unit == "cpu")
             mask = safety.mask(obs, values)
             moves = safety.moves(safety.select(rng.random(mask.shape), mask, obs, values), obs)
-            for k, v, d in zip(knobs, values, moves):
+            for k, v, d in zip(knobs, values, moves, strict=True):
                 if d:
                     k.set(int(v + d))
             after = sum(k.value for k in knobs if k.unit == "cpu")
@@ -247,3 +247,13 @@ def test_a_worker_behind_a_large_noisy_base_is_priced_from_the_ramp_of_levels():
         obs = _obs({"a.workers": 8, "b.workers": 6}, cpus=64, used_gb=32.1 * (1 + 0.02 * rng.standard_normal()), limit_gb=52)
         still.mask(obs)
     assert still.worker_memory_bytes(obs) == obs.memory_used_bytes / 14
+
+
+def test_the_memory_margin_is_where_the_reward_starts_to_fall() -> None:
+    from intune.agent.config import AgentConfig
+    from intune.monitor.observation import MEMORY_SAFE_FRACTION, memory_factor
+    from intune.policies.steer import SteerConfig
+
+    default = SafetyLayer(_knobs({"a.workers": 1}), DELTAS).margin
+    assert default == AgentConfig().memory_margin == SteerConfig().memory_margin == MEMORY_SAFE_FRACTION
+    assert memory_factor(MEMORY_SAFE_FRACTION) == 1.0 > memory_factor(MEMORY_SAFE_FRACTION + 0.01)

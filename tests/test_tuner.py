@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from intune.knobs import Knob
-from intune.monitor.live import observe
 from intune.monitor import Monitor
+from intune.monitor.live import observe
 from intune.monitor.observation import cpu_slack, reward
 from intune.pipeline.metrics import PipelineMetrics, StageMetrics
 from intune.tuner import Tuner, tune
@@ -461,8 +461,8 @@ def test_closing_the_real_pipeline_stops_the_tuner():
 
 
 def test_the_cpu_budget_keeps_its_recent_highest_so_a_removed_worker_can_come_back():
-    from intune.monitor.observation import Observation
     from intune.monitor.cpu_budget import RecentCpuBudget
+    from intune.monitor.observation import Observation
 
     def obs(cpus, slack):
         return Observation(0, 1.0, 1.0, 0.0, cpus, 0.0, 0.0, (), cpu_slack=slack)

@@ -1,6 +1,6 @@
 """The live tuner: runs a policy on a running pipeline, one decision per tick, on a background thread.
 
-Owns the online loop of DESIGN section 1: every tick it snapshots the engine's metrics and the
+Owns the online loop (docs/design.md, "Two loops"): every tick it snapshots the engine's metrics and the
 machine, builds the Observation, lets the policy decide, has the ``Runner`` clamp the request to the
 knobs' bounds and to the free CPUs and memory and apply it (the same runner the simulator uses), and
 records the tick. It also feeds rewards to policies that

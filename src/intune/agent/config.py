@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from intune.monitor.observation import MEMORY_SAFE_FRACTION
+
 
 @dataclass
 class AgentConfig:
@@ -103,8 +105,9 @@ class AgentConfig:
     global_only: bool = False
     """Ablation: hide the per-stage signals and keep only the paper's global factors and knob values."""
 
-    memory_margin: float = 0.85
-    """The safety mask never lets projected memory use exceed this fraction of the limit."""
+    memory_margin: float = MEMORY_SAFE_FRACTION
+    """The safety mask never lets projected memory use exceed this fraction of the limit (where the
+    reward starts to fall)."""
 
     min_cpus: int = 2
     """Fewest CPUs of a randomised pretraining machine."""

@@ -2,9 +2,10 @@
 
 ``SimEnv`` wraps an ``intune.sim.Simulator`` into the ``Env`` protocol of ``dqn``: the reward is the
 contract's ``reward(obs, scale)`` with the phase optimum (``sim.optimum(cpus)``) as the scale, so a
-perfect allocation earns 1 per tick on every pipeline. ``random_env`` draws the pretraining
-distribution the issue asks for (2-8 stages, 2-128 CPUs with resizes at random times, tight and loose
-memory, model latency from 0 to the pipeline's own). It must not learn or choose actions.
+perfect allocation earns 1 per tick on every pipeline. ``random_sim`` draws the pretraining
+distribution (2-8 stages, 2-128 CPUs with resizes at random times, tight and loose memory, model
+latency from 0 to the pipeline's own) from the generators in ``intune.sim.random_specs``. It must not
+learn or choose actions.
 """
 
 from __future__ import annotations

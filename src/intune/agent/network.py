@@ -55,7 +55,7 @@ class NumpyQ:
         def take(layer: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
             return layer.weight.detach().numpy().T.copy(), layer.bias.detach().numpy().copy()
 
-        self._embed, self._mix, self._head, self._value = (take(l) for l in (net.embed, net.mix, net.head, net.value))
+        self._embed, self._mix, self._head, self._value = (take(layer) for layer in (net.embed, net.mix, net.head, net.value))
 
     def __call__(self, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """``rows [..., K, F]`` float32, ``valid [..., K]`` -> Q-values ``[..., K, A]`` (as the network)."""

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from intune.bench import md_report
-from intune.results import format_table, machine_info, write_json
 from intune.policies import POLICY_NAMES, make
+from intune.results import format_table, machine_info, write_json
 
 HELD_OUT_SEEDS = (20_231_117, 777)
 """Seeds of the held-out random specs; pretraining draws from its --seed (0 for the shipped weights) and

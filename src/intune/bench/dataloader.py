@@ -23,8 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from intune.bench import md_report
-from intune.bench import child
+from intune.bench import child, md_report
 
 FULL = {"rows": 400_000, "measure_rows": 400_000, "cost_batches": 10, "timeout_s": 900}
 QUICK = {"rows": 60_000, "measure_rows": 60_000, "cost_batches": 3, "timeout_s": 300}
@@ -260,8 +259,8 @@ def extra_ratios(results: Sequence[Mapping[str, Any]], ours: Entry) -> dict[str,
 def run(args: argparse.Namespace) -> int:
     from intune import monitor
     from intune.bench.dataloader_systems import prepare_data
-    from intune.results import format_table, write_json
     from intune.dlrm.workload import cache_dir
+    from intune.results import format_table, write_json
 
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")

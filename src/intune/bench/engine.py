@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from intune.bench import md_report
-from intune.results import format_table, machine_info, write_json
 from intune.monitor import process_tree_rss
+from intune.results import format_table, machine_info, write_json
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

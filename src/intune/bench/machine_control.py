@@ -22,7 +22,6 @@ from pathlib import Path
 
 from intune.units import MB
 
-
 # -- taking CPUs away from this process ------------------------------------------------------------
 
 

@@ -24,8 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from intune.bench import md_report
-from intune.bench import child
+from intune.bench import child, md_report
 from intune.bench.real_systems import COSTS
 from intune.results import save_figure
 
@@ -231,8 +230,8 @@ def run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from intune import monitor
-    from intune.results import format_table, write_json
     from intune.dlrm import workload
+    from intune.results import format_table, write_json
 
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from intune.bench import md_report
-from intune.results import format_table, machine_info, write_json
 from intune.policies import POLICY_NAMES, make
+from intune.results import format_table, machine_info, write_json
 from intune.sim import (
     Simulator,
     constant_schedule,

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from intune.bench import tune_workload as wl
 from intune.bench import md_report
+from intune.bench import tune_workload as wl
 from intune.bench.machine_control import MemoryCgroup, memory_cgroup_unavailable
 from intune.results import format_table, machine_info, write_json
 from intune.units import MB

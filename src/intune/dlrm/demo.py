@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from intune.history import plot_history, summarize
     from intune.dlrm import workload
     from intune.dlrm.train import evaluate, heldout_batches, train
+    from intune.history import plot_history, summarize
     from intune.tuner import tune
 
     console = Console(soft_wrap=True)  # long lines stay whole in logs and pipes

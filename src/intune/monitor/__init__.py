@@ -1,6 +1,6 @@
 """What the policies see: the machine readers and the Observation, live and simulated alike.
 
-One package for the observation (DESIGN: every policy runs unchanged on the simulator and the live
+One package for the observation (docs/design.md: every policy runs unchanged on the simulator and the live
 engine because both hand it the same ``Observation``):
 
 - ``machine``: the kernel's view of this process's resources (CPUs from affinity, cpuset and quota;

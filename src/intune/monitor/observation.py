@@ -13,7 +13,9 @@ OOM_PENALTY = -10.0
 """Reward of a tick that ended in an out-of-memory kill (in units of normalised throughput)."""
 
 MEMORY_SAFE_FRACTION = 0.85
-"""Memory use (fraction of the limit) where the reward's memory factor starts to fall."""
+"""Memory use (fraction of the limit) where the reward's memory factor starts to fall; also the memory
+margin that the policies' safety mask keeps projected use under by default (``SafetyLayer``,
+``AgentConfig.memory_margin``, ``SteerConfig.memory_margin``): past it a move only loses reward."""
 
 STAGE_KINDS: tuple[str, ...] = ("read", "shuffle", "map", "batch", "prefetch", "stage")
 """What a stage does, declared by the stage (engine) or its spec (simulator), so that no policy guesses
@@ -55,7 +57,7 @@ class StageObservation:
     queue_fill: float  # output queue fullness in [0, 1]
     buffered_bytes: float  # bytes held by this stage
     stalled: bool = False  # work in hand without progress past the stall bound: hung, not slow
-    kind: str = "stage"  # what the stage does, as the stage declares it: one of STAGE_KINDS
+    kind: str = "stage"  # what the stage does, as it declares it, through observed_kind: one of STAGE_KINDS
 
     @property
     def cpu_share(self) -> float | None:
@@ -100,9 +102,11 @@ class Observation:
         largest one, if the runner grants such a stage one worker past the CPUs
         (``grants_light_workers``; else none).
 
-        On a saturated machine the measured free CPUs are 0 even where a stage waits on storage and
-        wants more workers (live: 7 workers on 2 CPUs was the best allocation); such a worker takes
-        a few percent of a CPU from the others, and only a measurement tells whether that pays."""
+        Why: on a saturated machine the measured free CPUs are 0 even where a stage waits on storage
+        and more of its workers would raise throughput (then the best allocation holds more workers
+        than CPUs). Such a worker takes a few percent of a CPU from the others, so granting one past
+        the budget is cheap, and only a measurement tells whether it pays
+        (``tests/test_contracts.py::test_light_stages_are_those_waiting_on_something_else_than_the_cpus``)."""
         if not self.grants_light_workers:
             return ()
         shares = {s.name: u for s in self.stages if (u := s.cpu_share) is not None}

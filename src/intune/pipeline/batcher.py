@@ -1,15 +1,26 @@
 """Rebatching: chunks of any size in, batches of exactly ``batch_rows`` rows out (the last may be short).
 
 Owns the algorithm only (pure, single-threaded): a chunk that already is one batch passes without a
-copy; otherwise slices are concatenated column by column. Provenance (``Origin``) is sliced and merged
-alongside. It must not know about threads or channels.
+copy; otherwise slices are concatenated column by column. Rows are counted by ``num_rows``, so a
+ragged feature (``<f>.values`` / ``<f>.lengths``) is batched by its rows: a batch takes the values of
+its rows, and a chunk whose lengths do not sum to its values raises, naming the column. Provenance
+(``Origin``) is sliced and merged alongside. It must not know about threads or channels.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from intune.pipeline.chunks import Chunk, Origin, Segment, merge_origins, num_rows
+from intune.pipeline.chunks import (
+    Chunk,
+    Origin,
+    Segment,
+    check_ragged,
+    merge_origins,
+    nbytes,
+    num_rows,
+    slice_rows,
+)
 
 
 def slice_origin(origin: Origin | None, lo: int, hi: int) -> Origin | None:
@@ -33,6 +44,7 @@ class Batcher:
 
     def add(self, chunk: Chunk, origin: Origin | None) -> list[tuple[Chunk, Origin | None]]:
         rows = num_rows(chunk)
+        check_ragged(chunk, "batch")
         if rows == 0:
             return []
         if not self._pending and rows == self.batch_rows:
@@ -65,11 +77,13 @@ class Batcher:
                 self.nbytes -= sum(c.nbytes for c in chunk.values())
                 need -= rows
             else:
-                pieces.append({k: v[:need] for k, v in chunk.items()})
+                offsets = check_ragged(chunk, "batch")
+                head = slice_rows(chunk, 0, need, offsets)
+                pieces.append(head)
                 origins.append(slice_origin(origin, 0, need))
-                rest = {k: v[need:] for k, v in chunk.items()}
+                rest = slice_rows(chunk, need, rows, offsets)
                 self._pending[0] = (rest, slice_origin(origin, need, rows))
-                self.nbytes -= sum(v[:need].nbytes for v in chunk.values())
+                self.nbytes -= nbytes(head)
                 need = 0
         self._rows -= n
         if len(pieces) == 1:

@@ -2,7 +2,11 @@
 
 A chunk is a ``dict[str, numpy.ndarray]``. Sources guarantee equal-length columns; a map stage placed
 after ``batch`` may change lengths (a dedup stage emits unique rows plus inverse indices), so nothing
-here re-validates after a map. ``Origin`` records which source rows a chunk holds, cheaply (ranges or
+here re-validates after a map. A ragged feature is a pair of columns ``<f>.values`` / ``<f>.lengths``:
+the chunk's rows are counted by ``lengths`` (one entry per row) and row ``i`` holds the next
+``lengths[i]`` entries of ``values``. Sources may not emit them (``validate_chunk`` says so: the
+shuffle and the sharding cut rows by position); the batcher carries them (``num_rows``,
+``check_ragged``, ``slice_rows`` here). ``Origin`` records which source rows a chunk holds, cheaply (ranges or
 a row-id array), and is only turned into words when an error needs it. This module must not know
 about threads, queues or stages.
 """
@@ -36,7 +40,14 @@ def validate_chunk(chunk: Any, where: str) -> Chunk:
             length = len(array)
         elif len(array) != length:
             lengths = {n: len(c) for n, c in chunk.items()}
-            raise SourceError(f"{where}: columns have unequal lengths {lengths}")
+            ragged = sorted(ragged_pairs(chunk))
+            hint = (
+                f"; {ragged} are ragged features, which a source may not emit (the shuffle and the "
+                "sharding cut rows by position): make them in a map stage"
+                if ragged
+                else ""
+            )
+            raise SourceError(f"{where}: columns have unequal lengths {lengths}{hint}")
         out[str(name)] = array
     return out
 
@@ -61,6 +72,46 @@ def num_rows(chunk: Mapping[str, np.ndarray]) -> int:
         if ragged_lengths_name(chunk, name) is None:
             return len(column)
     return 0
+
+
+def ragged_pairs(chunk: Mapping[str, Any]) -> dict[str, str]:
+    """Each ragged feature of ``chunk`` as ``{"<f>.values": "<f>.lengths"}`` (empty for plain chunks)."""
+    return {name: lengths for name in chunk if (lengths := ragged_lengths_name(chunk, name)) is not None}
+
+
+def check_ragged(chunk: Mapping[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """The row offsets of each ragged ``.values`` column (``offsets[i]`` = where row ``i`` starts; one
+    more entry than rows), after checking that its ``.lengths`` sum to its length; a mismatch raises
+    ``ValueError`` naming ``where`` and the column."""
+    offsets: dict[str, np.ndarray] = {}
+    for values, lengths_name in ragged_pairs(chunk).items():
+        lengths = np.asarray(chunk[lengths_name])
+        ends = np.cumsum(lengths, dtype=np.int64)
+        total = int(ends[-1]) if ends.size else 0
+        if total != len(chunk[values]) or (ends.size and int(lengths.min()) < 0):
+            raise ValueError(
+                f"{where}: ragged column {values!r} has {len(chunk[values])} values but {lengths_name!r} "
+                f"sums to {total}" + (" with a negative length" if ends.size and int(lengths.min()) < 0 else "")
+            )
+        offsets[values] = np.concatenate(([0], ends))
+    return offsets
+
+
+def slice_rows(
+    chunk: Mapping[str, np.ndarray], lo: int, hi: int, offsets: Mapping[str, np.ndarray] | None = None
+) -> Chunk:
+    """Rows ``lo..hi-1`` of ``chunk`` as views: a ragged ``.values`` column gives the values of those
+    rows (``offsets`` from ``check_ragged``, computed here when not given), every other column
+    ``[lo:hi]``."""
+    if offsets is None:
+        offsets = check_ragged(chunk, "slice_rows")
+    out: Chunk = {}
+    for name, column in chunk.items():
+        if name in offsets:
+            out[name] = column[int(offsets[name][lo]) : int(offsets[name][hi])]
+        else:
+            out[name] = column[lo:hi]
+    return out
 
 
 def nbytes(chunk: Mapping[str, Any]) -> int:

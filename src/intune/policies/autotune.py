@@ -72,8 +72,8 @@ from intune.policies.autotune_model import (
     with_values,
 )
 from intune.policies.base import cpu_budget
-from intune.units import MB
 from intune.policies.static import changes
+from intune.units import MB
 
 RAM_BUDGET_SHARE = 0.5  # kRamBudgetShare
 BUFFER_LIMIT_THRESHOLD = 2048  # prefetch_autotuner.cc: doubling below, +2048 at or above

@@ -1,6 +1,6 @@
 """The Policy contract and the runner-side clamp that every policy's request passes through.
 
-A policy sees knobs and observations only (DESIGN section 3): it never knows whether the native
+A policy sees knobs and observations only (docs/design.md, "Contracts"): it never knows whether the native
 engine, the simulator or an adapter is underneath. This module owns the protocol and ``clamp_request``; it must not hold any policy's algorithm.
 """
 
@@ -13,7 +13,6 @@ from typing import Protocol, runtime_checkable
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
 from intune.units import MB
-
 
 
 @runtime_checkable

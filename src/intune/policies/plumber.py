@@ -61,8 +61,8 @@ from scipy.optimize import linprog
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
 from intune.policies.base import cpu_budget
-from intune.units import MB
 from intune.policies.static import changes
+from intune.units import MB
 
 MAX_PREFETCH_ELEMENTS = 256
 IO_BOUND_SHARE = 0.5

@@ -33,14 +33,14 @@ from typing import Any
 import numpy as np
 
 from intune.knobs import Knob
-from intune.monitor.observation import Observation
+from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
 from intune.policies.base import even_split
 from intune.units import MB
 
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
 # where workers may still grow when memory that no buffer cut can free is already past the margin: a
 # limit on an upper confidence bound of memory (``settled_memory`` plus each added worker's upper bound),
-# so the 5% left below the OOM covers only what the projection cannot see (memory that comes once data flows)
+# so the 3% left below the OOM covers only what the projection cannot see (memory that comes once data flows)
 WORKER_CEILING = 0.97
 LEVEL_TICKS = 32  # recent ticks whose (workers, memory) levels fit what a worker costs
 LEVEL_MIN_POINTS = 6  # ... and the fewest that may
@@ -48,7 +48,11 @@ LEVEL_MIN_POINTS = 6  # ... and the fewest that may
 
 class SafetyLayer:
     def __init__(
-        self, knobs: Sequence[Knob], deltas: Sequence[int], margin: float = 0.8, trim_margin: float | None = None
+        self,
+        knobs: Sequence[Knob],
+        deltas: Sequence[int],
+        margin: float = MEMORY_SAFE_FRACTION,
+        trim_margin: float | None = None,
     ) -> None:
         self.knobs = list(knobs)
         self.deltas = np.asarray(deltas, dtype=np.int64)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from intune.knobs import Knob
-from intune.monitor.observation import Observation
+from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
 from intune.policies.allocation_memory import AllocationMemory
 from intune.policies.safety import SafetyLayer, shuffle_floor, start_allocation
 from intune.policies.steer_rules import RULES, Rule, Tick
@@ -69,8 +69,9 @@ class SteerConfig:
     before buffers are cut in one tick (``SafetyLayer.trim``); below ``memory_margin`` because that
     projection misses memory that only comes once data flows."""
 
-    memory_margin: float = 0.85
-    """The safety mask never lets projected memory use exceed this fraction of the limit."""
+    memory_margin: float = MEMORY_SAFE_FRACTION
+    """The safety mask never lets projected memory use exceed this fraction of the limit (where the
+    reward starts to fall)."""
 
     action_deltas: tuple[int, ...] = (-5, -1, 0, 1, 5)
     """Per-knob moves, in steps (``SafetyLayer.units``); must hold -1, 0 and +1."""

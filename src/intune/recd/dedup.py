@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from intune.recd._chunks import ranges
 from intune.hashing import column_bits, mix64
+from intune.recd._chunks import ranges
 from intune.recd.ikjt import IKJT, INVERSE, UNIQUE, gather_jagged
 
 Chunk = dict[str, np.ndarray]

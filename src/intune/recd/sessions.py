@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from intune.recd._chunks import ranges, take_rows
 from intune.hashing import mix64
+from intune.recd._chunks import ranges, take_rows
 
 USER_DENSE = ("user_clicks", "user_views", "user_days", "user_purchases")
 USER_SPARSE = ("user_id", "user_country", "user_device")

@@ -1,7 +1,7 @@
 """The simulator of pipelines and machines, workload specs, resize schedules and the oracle.
 
 The paper's machines had 32-128 CPUs; ours have 2. The simulator is how the agent is pretrained and how
-the baselines are compared at that scale (DESIGN section 4, issue 3). Its throughput model is in
+the baselines are compared at that scale. Its throughput model is in
 ``intune.sim.model`` (read its docstring for the formulas); workload specs are data (``docs/workloads.md``).
 
 Stable API (the agent and the policies rely on these names)::

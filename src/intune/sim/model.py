@@ -1,6 +1,6 @@
 """The throughput and memory model of a pipeline: pure, vectorised numpy functions of an allocation.
 
-Owns the formulas (DESIGN section 4) that the simulator steps through and the oracle searches over:
+Owns the formulas that the simulator steps through and the oracle searches over:
 
 - stage i has CPU seconds per row ``c_i`` (times its drift multiplier), I/O seconds per row ``o_i``;
   ``w`` workers act like ``eff(w) = w / (1 + contention * (w - 1))`` workers, so its capacity is
