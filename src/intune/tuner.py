@@ -211,9 +211,9 @@ class Tuner:
         """Start from ``state`` (``state_dict()`` of a tuner with the same policy on the same knobs).
 
         The knobs are set to the saved values now, clamped to their current bounds and to this machine
-        by the rule every request passes (``clamp_request``: workers grow only into the CPUs this tuner
-        may use, buffers only into the free memory; decreases always pass), so a job restarted on a
-        smaller machine starts from its saved allocation cut to fit, then adapts. What was applied is in
+        by the rule every request passes (``restore_knobs``: workers only into the CPUs this tuner may
+        use, buffers only into the free memory), so a job restarted on a smaller machine starts from its
+        saved allocation cut to fit, then adapts. What was applied is in
         ``restored``. The policy gets its state right after its first ``reset`` (it skips its warm
         start). Another policy, knob set, or knob unit raises ``ResumeMismatchError`` naming it, and
         nothing is changed.
@@ -429,17 +429,27 @@ TUNER_STATE_FORMAT = 1
 
 
 def restore_knobs(knobs: Mapping[str, Knob], values: Mapping[str, int], machine: MachineSample) -> ClampResult:
-    """Set ``knobs`` to saved ``values``, clamped as the runner clamps every request: to the knobs'
-    bounds, to the machine's CPUs (workers grow only into them, in the knobs' order) and to its free
-    memory (buffers grow only into it); decreases first, and always granted.
+    """Set ``knobs`` to saved ``values``, cut to fit this machine by the rule every request passes
+    (``clamp_request``), applied as if every knob stood at its minimum: workers are granted in the knobs'
+    order until the machine's CPUs are used (each knob keeps at least its minimum), buffers until the
+    free memory is; then the knobs are set, decreases first.
 
-    The rule is the live one (``clamp_request``) on purpose: a restored allocation is a request like any
-    other, so a smaller machine gets the saved allocation cut to fit, never more than a policy could ask.
+    From the minimums, not from the values in place: a restored allocation must fit the machine it
+    resumes on whatever the knobs hold now (a pipeline's own ``load_state_dict`` restores its knobs to
+    its bounds only, and a loader may start with more workers than the saved state had), so a smaller
+    machine gets the saved allocation cut to fit, never more than a policy could be granted there.
     """
     request = {name: knobs[name].clamp(v) for name, v in values.items()}
-    clamped = clamp_request(knobs, request, machine.cpus, machine.memory_free_bytes)
-    applied = Runner(knobs).set(clamped).applied
-    return ClampResult(requested=dict(values), applied=applied)
+    floor = {name: Knob(name, k.unit, k.min, k.max, get=lambda k=k: k.min, set=_refuse) for name, k in knobs.items()}
+    granted = clamp_request(floor, request, machine.cpus, machine.memory_free_bytes).applied
+    target = {name: granted.get(name, k.min) for name, k in knobs.items()}
+    applied = {name: v for name, v in target.items() if v != knobs[name].value}
+    done = Runner(knobs).set(ClampResult(requested=dict(values), applied=applied)).applied
+    return ClampResult(requested=dict(values), applied=done)
+
+
+def _refuse(value: int) -> None:
+    raise RuntimeError("restore_knobs: the floor view of the knobs is read-only")
 
 
 def tune(
