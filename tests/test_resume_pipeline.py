@@ -387,3 +387,33 @@ def test_state_dict_is_small_and_holds_no_rows(parquet_dir, tmp_path):
     chunks = len(state["shuffle"]["rows"])
     assert size < 4096 + 16 * chunks
     assert state["rows"] == 30 * BATCH and state["batches"] == 30
+
+
+def test_logged_steps_ahead_of_the_consumer_are_applied_where_they_ran(tmp_path):
+    """The shuffle runs ahead of the consumer: a state's log may hold steps past the consumer's position
+    (here a shrink, then the drain). The resumed shuffle applies them at the positions they ran at."""
+    n = 3000
+    wide = np.zeros((n, 2048), dtype=np.float64)
+    ids = np.arange(n)
+
+    def build():
+        chunks = [{"id": ids[i : i + 100], "w": wide[i : i + 100]} for i in range(0, n, 100)]
+        return intune.Pipeline.from_iterable(chunks).shuffle(buffer_rows=400, seed=5, buffer_mb=8).batch(50)
+
+    pipe = build()
+    it = iter(pipe)
+    before = [np.asarray(next(it)["id"]).copy() for _ in range(8)]
+    state = pipe.state_dict()
+    pipe.set_knob("shuffle.buffer_mb", 1)  # 400 rows -> 64 rows, after the state was taken
+    after = ids_of(it)
+    state["shuffle"] = pipe._last_epoch.shuffle_log.snapshot()  # the whole epoch's log
+    state["knobs"]["shuffle.buffer_mb"] = 1
+    pipe.close()
+    events = state["shuffle"]["events"]
+    assert (events[:, 1] == 1).sum() >= 2 and events[-1, 1] == 2  # shrink steps, then the drain
+    other = build()
+    other.load_state_dict(state)
+    again = ids_of(other)
+    other.close()
+    assert_same_batches(again, after)
+    assert_exactly_once(np.concatenate(before + again), range(n))
