@@ -255,7 +255,7 @@ def _observation(pipe, cpus=8.0):
     return observe(before, pipe.metrics(), pipe.knobs, 0, cpus, 1 << 30, 16 << 30, 8 << 30)
 
 
-@pytest.mark.parametrize("name", ["intune", "steer"])
+@pytest.mark.parametrize("name", ["intune", "steer", "intune+steer"])
 def test_a_loaded_policy_skips_its_warm_start(name):
     """Reset on 8 CPUs, the policy would first ask for the even split (udf.workers 4); with its state
     loaded, its first step is a decision from the restored allocation instead."""
