@@ -381,3 +381,19 @@ def test_a_failed_batch_counts_as_delivered():
         resumed.load_state_dict(state)
         after = _take(resumed)
     assert _ids(before + after).tolist() == [i for i in range(20) if i // 4 != 2]
+
+
+@pytest.mark.parametrize("kw", [{"num_workers": 0}, {"batch_size": None}, {"drop_last": True, "batch_size": 6}])
+def test_resume_without_workers_without_batching_and_with_drop_last(kw):
+    # without workers, __getitem__ draws from the training loop's own generators (as with torch): its
+    # random values are not the loader's to replay, so rows without randomness there
+    rows = (lambda: IdRows(40)) if kw.get("num_workers") == 0 else (lambda: NoisyRows(40))  # noqa: E731
+    make = lambda g: _loader(rows(), shuffle=True, generator=g, **kw)  # noqa: E731
+    with make(torch.Generator().manual_seed(4)) as whole:
+        epoch0 = _take(whole)
+    with make(torch.Generator().manual_seed(4)) as first:
+        before = _take(iter(first), 3)
+        state = first.state_dict()
+    with make(torch.Generator()) as resumed:
+        resumed.load_state_dict(state)
+        _assert_same_batches(before + _take(resumed), epoch0)
