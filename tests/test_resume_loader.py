@@ -397,3 +397,51 @@ def test_resume_without_workers_without_batching_and_with_drop_last(kw):
     with make(torch.Generator()) as resumed:
         resumed.load_state_dict(state)
         _assert_same_batches(before + _take(resumed), epoch0)
+
+
+class FlipWorkers:
+    """A policy that moves the fetch workers between 1 and 3 every tick."""
+
+    name = "flip"
+
+    def reset(self, knobs, observation):
+        self.knobs = knobs
+
+    def step(self, observation):
+        return {"fetch.workers": 3 if self.knobs["fetch.workers"].value == 1 else 1}
+
+
+class SlowNoisy(NoisyRows):
+    def __getitem__(self, i: int):
+        time.sleep(0.001)
+        return super().__getitem__(i)
+
+
+def test_checkpoint_while_the_tuner_resizes_the_workers_every_tick():
+    """The tuner thread resizes the workers every 20 ms while the loop takes states; the last one,
+    resumed by a loader whose tuner keeps resizing, gives the uninterrupted epoch exactly."""
+    n = 600
+
+    def make(g):
+        loader = _loader(SlowNoisy(n), shuffle=True, generator=g, batch_size=8, tune=FlipWorkers(), max_workers=4)
+        loader.tuner.tick_s = 0.02
+        return loader
+
+    with _loader(NoisyRows(n), shuffle=True, generator=torch.Generator().manual_seed(8), batch_size=8) as whole:
+        epoch0 = _take(whole)
+    with make(torch.Generator().manual_seed(8)) as first:
+        it, before, states = iter(first), [], []
+        for batch in it:
+            before.append(batch)
+            states.append(first.state_dict())
+            if len(before) == 40:
+                break
+        ticks = len(first.tuner.history())
+    assert ticks >= 2, "the tuner never ticked: nothing was resized"
+    with make(torch.Generator()) as resumed:
+        resumed.load_state_dict(states[-1])
+        after = _take(resumed)
+        moved = {row["knobs"]["fetch.workers"] for row in resumed.tuner.history()}
+    assert_exactly_once(_ids(before + after), range(n))
+    _assert_same_batches(before + after, epoch0)
+    print(f"ticks before the checkpoint {ticks}, worker counts after it {sorted(moved)}")
