@@ -37,6 +37,7 @@ from intune.pipeline.resume import (
 )
 from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
+from intune.pipeline.session_resume import session_replay
 from intune.pipeline.sharding import Shard, resolve_shard
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
@@ -539,7 +540,11 @@ class Pipeline:
             if state["shuffle"] is None:
                 raise CheckpointError(f"load_state_dict(): {rows} rows delivered but the state has no shuffle log")
             shuffle = next(s for s in self._stages if s.kind == "shuffle")
-            plan = replay(state["shuffle"], shuffle.seed, epoch, rows, "load_state_dict()")
+            if "releases" in state["shuffle"]:  # a session shuffle (RecD): redo the release at the position
+                plan = session_replay(state["shuffle"], epoch, rows, "load_state_dict()")
+            else:
+                plan = replay(state["shuffle"], shuffle.seed, epoch, rows, "load_state_dict()")
+            assert plan is not None
             plan.batches = batches
         for name, value in dict(state["knobs"]).items():
             knob = self._knobs.get(name)

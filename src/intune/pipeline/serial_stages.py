@@ -19,6 +19,8 @@ from intune.pipeline.channel import Channel, Item
 from intune.pipeline.chunks import Origin, nbytes, num_rows
 from intune.pipeline.errors import PipelineError
 from intune.pipeline.resume import DRAIN, INIT, RESIZE, ResumePlan, ShuffleLog
+from intune.pipeline.session_resume import DRAIN as SESSION_DRAIN
+from intune.pipeline.session_resume import LoggedSessions, redo
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
 from intune.pipeline.stages import EpochContext, MiB, Stage, sequential_loop
 
@@ -109,6 +111,9 @@ class ShuffleStage(Stage):
         def new_buffer(capacity: int) -> ShuffleBuffer:
             log.event(INIT, capacity)
             buf = self._buffer_factory(rng, capacity)
+            if self.by is not None:  # a session shuffle logs its releases instead (``session_resume``)
+                log.sessions = True
+                buf = LoggedSessions(buf, log, rng, taken=table.total)  # type: ignore[assignment]
             state["buffer"] = self._buffer = buf
             return buf
 
@@ -156,6 +161,11 @@ class ShuffleStage(Stage):
                 names = chunks[0].keys()
                 rows = {n: np.concatenate([c[n] for c in chunks]) for n in names}
                 rows[IDS] = plan.refill_ids
+            if plan.session_redo is not None:  # a session shuffle: redo the release the position is in
+                sessions = LoggedSessions(self._buffer_factory(rng, plan.capacity), log, rng)
+                state["buffer"] = self._buffer = sessions
+                state["drained"] = plan.session_redo["kind"] == SESSION_DRAIN
+                return redo(plan, sessions, rows)
             released = []
             if len(plan.straddle_ids):
                 at = np.searchsorted(plan.refill_ids, plan.straddle_ids)
