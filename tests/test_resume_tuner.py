@@ -170,7 +170,7 @@ def _assert_same_tree(a, b, where="state"):
             _assert_same_tree(a[k], b[k], f"{where}[{k!r}]")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), f"{where}: lengths {len(a)} vs {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _assert_same_tree(x, y, f"{where}[{i}]")
     elif isinstance(a, np.ndarray):
         np.testing.assert_array_equal(a, np.asarray(b), err_msg=where)

@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,15 @@ from intune.knobs import Knob
 from intune.live_observation import observe
 from intune.monitor import MachineSample, Monitor
 from intune.observation import Observation, reward
-from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, ClampResult, Policy, clamp_request, make
+from intune.policies import (
+    POLICY_NAMES,
+    SIMULATOR_ONLY,
+    ClampResult,
+    Policy,
+    StatefulPolicy,
+    clamp_request,
+    make,
+)
 from intune.policies.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -186,8 +194,9 @@ class Tuner:
         with self._policy_lock:
             if self._pending_policy_state is not None:  # loaded, not yet handed to the policy
                 policy_state = self._pending_policy_state
-            elif self._policy_started and callable(getattr(self.policy, "state_dict", None)):
-                policy_state = self.policy.state_dict(replay=True) if replay else self.policy.state_dict()
+            elif self._policy_started and isinstance(self.policy, StatefulPolicy):
+                state_of: Any = self.policy.state_dict  # ``replay`` is the intune agent's option
+                policy_state = state_of(replay=True) if replay else state_of()
             else:
                 policy_state = None
             knobs = {
@@ -238,7 +247,7 @@ class Tuner:
         if units:
             raise ResumeMismatchError(f"Tuner.load_state_dict: knobs of another unit: {', '.join(units)}")
         policy_state = state["policy_state"]
-        if policy_state is not None and not callable(getattr(self.policy, "load_state_dict", None)):
+        if policy_state is not None and not isinstance(self.policy, StatefulPolicy):
             raise ResumeMismatchError(
                 f"Tuner.load_state_dict: the state holds policy {self.policy.name!r}'s state, but this policy keeps none"
             )
@@ -249,6 +258,7 @@ class Tuner:
             if policy_state is None:
                 return
             if self._policy_started:  # the tuner already runs: the policy takes the state now
+                assert isinstance(self.policy, StatefulPolicy)
                 self.policy.load_state_dict(policy_state)
             else:
                 self._pending_policy_state = policy_state
@@ -366,6 +376,7 @@ class Tuner:
                 self.policy.reset(self.knobs, obs)  # a one-off, not part of the decision time
                 if self._pending_policy_state is not None:  # a resumed job: the policy goes on from its state
                     state, self._pending_policy_state = self._pending_policy_state, None
+                    assert isinstance(self.policy, StatefulPolicy)  # checked when the state was loaded
                     self.policy.load_state_dict(state)
                 reset_ok = True
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -440,12 +451,16 @@ def restore_knobs(knobs: Mapping[str, Knob], values: Mapping[str, int], machine:
     machine gets the saved allocation cut to fit, never more than a policy could be granted there.
     """
     request = {name: knobs[name].clamp(v) for name, v in values.items()}
-    floor = {name: Knob(name, k.unit, k.min, k.max, get=lambda k=k: k.min, set=_refuse) for name, k in knobs.items()}
+    floor = {name: Knob(name, k.unit, k.min, k.max, get=_constant(k.min), set=_refuse) for name, k in knobs.items()}
     granted = clamp_request(floor, request, machine.cpus, machine.memory_free_bytes).applied
     target = {name: granted.get(name, k.min) for name, k in knobs.items()}
     applied = {name: v for name, v in target.items() if v != knobs[name].value}
     done = Runner(knobs).set(ClampResult(requested=dict(values), applied=applied)).applied
     return ClampResult(requested=dict(values), applied=done)
+
+
+def _constant(value: int) -> Callable[[], int]:
+    return lambda: value
 
 
 def _refuse(value: int) -> None:
