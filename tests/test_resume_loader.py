@@ -445,3 +445,20 @@ def test_checkpoint_while_the_tuner_resizes_the_workers_every_tick():
     assert_exactly_once(_ids(before + after), range(n))
     _assert_same_batches(before + after, epoch0)
     print(f"ticks before the checkpoint {ticks}, worker counts after it {sorted(moved)}")
+
+
+def test_persistent_workers_resume_in_a_later_epoch():
+    """With persistent_workers the seed is drawn at the first iter() only: a resume in the second epoch
+    must not draw it again (the state says so), and gives the uninterrupted second and third epochs."""
+    make = lambda g: _loader(NoisyRows(40), shuffle=True, generator=g, persistent_workers=True)  # noqa: E731
+    with make(torch.Generator().manual_seed(6)) as whole:
+        epochs = [_take(whole) for _ in range(3)]
+    with make(torch.Generator().manual_seed(6)) as first:
+        _take(first)
+        before = _take(iter(first), 4)
+        state = first.state_dict()
+    assert state["epoch"]["epoch"] == 1 and state["epoch"]["seed_drawn"] is False
+    with make(torch.Generator()) as resumed:
+        resumed.load_state_dict(state)
+        _assert_same_batches(before + _take(resumed), epochs[1])
+        _assert_same_batches(_take(resumed), epochs[2])
