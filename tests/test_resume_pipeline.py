@@ -411,6 +411,18 @@ def test_logged_steps_ahead_of_the_consumer_are_applied_where_they_ran(tmp_path)
     other.close()
     assert_same_batches(again, after)
     assert_exactly_once(np.concatenate(before + again), range(n))
+    # resumed again from the resumed run, before or after it applied those steps: the same batches
+    for k in (0, 1, 3):
+        second = build()
+        second.load_state_dict(state)
+        it = iter(second)
+        middle = [np.asarray(next(it)["id"]).copy() for _ in range(k)]
+        later = second.state_dict()
+        second.close()
+        third = build()
+        third.load_state_dict(later)
+        assert_same_batches(middle + ids_of(third), after)
+        third.close()
 
 
 def session_chunks(n=4000, seed=0):

@@ -476,8 +476,8 @@ class Pipeline:
         the shuffle's log under its lock; the stages keep running, resizes included). A few KB plus 16
         bytes per input chunk the epoch has read so far; no row data. Before the first epoch, or after an
         epoch's end, it points at the start of the next epoch. Raises ``ResumeError`` for a pipeline a
-        checkpoint cannot resume exactly (``deterministic=False``, no shuffle stage or a session
-        shuffle, a custom stage; see docs/resume.md).
+        checkpoint cannot resume exactly (``deterministic=False``, no shuffle stage, a custom stage, a map
+        before the shuffle that changed row counts; see docs/resume.md).
         """
         check_resumable(self)
         with self._lock:

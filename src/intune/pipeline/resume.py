@@ -14,7 +14,8 @@ consumer's position (rows and batches delivered), and the shuffle's log: each in
 ``buffer_mb`` change, a shrink, the final drain). Replaying the log on row ids only, up to the step
 whose output crosses the consumer's position, gives the buffer's exact contents (ids in slot order) and
 the generator's state; a resume reads those rows again ("the refill"), and the source from the chunk
-after the last replayed one. See docs/resume.md.
+after the last replayed one. A session shuffle (RecD) is resumed another way, by redoing one logged
+release (``session_resume``). See docs/resume.md.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class ShuffleLog:
         self.sessions = sessions
         self.releases = releases or []
         self.rng_states = rng_states or []
+        # a resumed epoch's steps that the checkpointed run had taken but this one has not yet: a state
+        # taken now keeps them (after the steps taken), so a second resume applies them where they ran
+        self.pending: list[tuple[int, int, int, int]] = []
 
     def add(self, read_at: tuple[int, int] | None, read_rows: int, rows: int, stage: str) -> None:
         with self._lock:
@@ -85,6 +89,16 @@ class ShuffleLog:
         with self._lock:
             self.events.append((len(self.rows), kind, a, b))
 
+    def take_pending(self, position: int) -> list[tuple[int, int, int, int]]:
+        """The pending steps at ``position``, moved to the steps taken (one lock: a snapshot sees each
+        step once, taken or pending)."""
+        with self._lock:
+            due = []
+            while self.pending and self.pending[0][0] == position:
+                due.append(self.pending.pop(0))
+            self.events.extend(due)
+            return due
+
     def release(self, fields: list[int], rng_state: list[int]) -> None:
         with self._lock:
             self.releases.append(fields)
@@ -94,7 +108,7 @@ class ShuffleLog:
         with self._lock:
             if self.problem:
                 raise ResumeError(f"this epoch cannot be resumed: {self.problem}")
-            events = np.array(self.events, dtype=np.int64).reshape(-1, 4)
+            events = np.array(self.events + self.pending, dtype=np.int64).reshape(-1, 4)
             out: dict[str, Any] = {
                 "units": np.array(self.units, dtype=np.int64),
                 "items": np.array(self.items, dtype=np.int32),
