@@ -347,12 +347,6 @@ def test_unsupported_pipelines_say_why_at_state_dict():
     cases = [
         (intune.Pipeline.from_iterable(chunks, deterministic=False).shuffle(50).batch(10), "deterministic=True"),
         (intune.Pipeline.from_iterable(chunks).batch(10), "exactly one shuffle stage"),
-        (
-            intune.Pipeline.from_iterable([{"id": c["id"], "session_id": c["id"] // 3} for c in chunks])
-            .shuffle(50, by="session_id")
-            .batch(10),
-            "shuffles sessions",
-        ),
     ]
     for pipe, fragment in cases:
         with pytest.raises(ResumeError, match=fragment):
@@ -387,3 +381,138 @@ def test_state_dict_is_small_and_holds_no_rows(parquet_dir, tmp_path):
     chunks = len(state["shuffle"]["rows"])
     assert size < 4096 + 16 * chunks
     assert state["rows"] == 30 * BATCH and state["batches"] == 30
+
+
+def test_logged_steps_ahead_of_the_consumer_are_applied_where_they_ran(tmp_path):
+    """The shuffle runs ahead of the consumer: a state's log may hold steps past the consumer's position
+    (here a shrink, then the drain). The resumed shuffle applies them at the positions they ran at."""
+    n = 3000
+    wide = np.zeros((n, 2048), dtype=np.float64)
+    ids = np.arange(n)
+
+    def build():
+        chunks = [{"id": ids[i : i + 100], "w": wide[i : i + 100]} for i in range(0, n, 100)]
+        return intune.Pipeline.from_iterable(chunks).shuffle(buffer_rows=400, seed=5, buffer_mb=8).batch(50)
+
+    pipe = build()
+    it = iter(pipe)
+    before = [np.asarray(next(it)["id"]).copy() for _ in range(8)]
+    state = pipe.state_dict()
+    pipe.set_knob("shuffle.buffer_mb", 1)  # 400 rows -> 64 rows, after the state was taken
+    after = ids_of(it)
+    state["shuffle"] = pipe._last_epoch.shuffle_log.snapshot()  # the whole epoch's log
+    state["knobs"]["shuffle.buffer_mb"] = 1
+    pipe.close()
+    events = state["shuffle"]["events"]
+    assert (events[:, 1] == 1).sum() >= 2 and events[-1, 1] == 2  # shrink steps, then the drain
+    other = build()
+    other.load_state_dict(state)
+    again = ids_of(other)
+    other.close()
+    assert_same_batches(again, after)
+    assert_exactly_once(np.concatenate(before + again), range(n))
+    # resumed again from the resumed run, before or after it applied those steps: the same batches
+    for k in (0, 1, 3):
+        second = build()
+        second.load_state_dict(state)
+        it = iter(second)
+        middle = [np.asarray(next(it)["id"]).copy() for _ in range(k)]
+        later = second.state_dict()
+        second.close()
+        third = build()
+        third.load_state_dict(later)
+        assert_same_batches(middle + ids_of(third), after)
+        third.close()
+
+
+def session_chunks(n=4000, seed=0):
+    """Rows clustered by session (runs of 1..12 rows with one session id), cut into uneven chunks."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 13, n)
+    session = np.repeat(np.arange(n), lengths)[:n]
+    cuts = np.cumsum(rng.integers(50, 150, n // 50))
+    cuts = cuts[cuts < n]
+    return [{"id": ids, "session_id": sid} for ids, sid in zip(np.split(np.arange(n), cuts), np.split(session, cuts), strict=True)]
+
+
+@pytest.mark.parametrize("k", [1, 9, 40, 79, 80])
+def test_recd_session_shuffle_resumes_exactly(tmp_path, k):
+    chunks = session_chunks()
+
+    def build():
+        return intune.Pipeline.from_iterable(chunks).shuffle(buffer_rows=700, seed=4, by="session_id").batch(50)
+
+    reference = ids_of(build())
+    # sessions stay whole: the ids of one session come out together
+    before, after = checkpoint_at(build, k, tmp_path / "ck")
+    assert_same_batches(before + after, reference)
+    again = resumed(build, tmp_path / "ck")
+    assert_same_batches(before + again, reference)
+    assert_exactly_once(np.concatenate(before + again), range(4000))
+
+
+def test_recd_session_shuffle_with_a_shrink_and_dedup_after_batch(tmp_path):
+    """Rows of 4 KB: buffer_mb decides the window. A shrink mid-epoch releases by resize; dedup after
+    batch sees the same batches."""
+    chunks = [{**c, "w": np.zeros((len(c["id"]), 1024), np.float32)} for c in session_chunks(seed=1)]
+
+    def build():
+        return (
+            intune.Pipeline.from_iterable(chunks)
+            .shuffle(buffer_rows=900, seed=2, by="session_id", buffer_mb=4)
+            .batch(64)
+            .dedup({"s": ["session_id"]})
+        )
+
+    def during(pipe, i):
+        if i == 3:
+            pipe.set_knob("shuffle.buffer_mb", 1)  # 900 rows -> 256 rows
+
+    before, after = checkpoint_at(build, 30, tmp_path / "ck", during=during)
+    state = load_checkpoint(tmp_path / "ck")
+    assert (state["shuffle"]["releases"][:, 6] < 900).any()  # windows after the shrink were logged
+    again = resumed(build, tmp_path / "ck")
+    assert_same_batches(again, after)
+    assert_exactly_once(np.concatenate(before + again), range(4000))
+
+
+@pytest.mark.parametrize("kind", ["add", "shrink", "drain"])
+def test_a_session_release_is_redone_exactly(kind):
+    """session_resume on the buffer alone: whatever triggered the release the position falls in (an
+    add, a shrink, the drain), redoing it from the log gives the rows that followed, in order."""
+    from intune.pipeline.resume import ShuffleLog
+    from intune.pipeline.session_resume import LoggedSessions, redo, session_replay
+    from intune.recd.session_shuffle import SessionShuffleBuffer
+
+    chunks = session_chunks(n=1500, seed=3)
+
+    def run(stop_at=None):
+        log = ShuffleLog(sessions=True)
+        rng = np.random.default_rng([7, 0])
+        buf = LoggedSessions(SessionShuffleBuffer(rng, 400, key="session_id"), log, rng)
+        out = []
+        for i, chunk in enumerate(chunks):
+            log.add((i, 0), len(chunk["id"]), len(chunk["id"]), "shuffle")
+            if kind == "shrink" and i == 8:
+                out += buf.resize(100, max_out=64)
+            out += buf.add({**chunk, "__row_ids__": chunk["id"]})
+        out += buf.drain(97)
+        return np.concatenate([c["id"] for c in out]), log
+
+    ids, log = run()
+    snapshot = log.snapshot()
+    kinds = {"add": 0, "shrink": 1, "drain": 2}
+    releases = snapshot["releases"]
+    r = int(np.flatnonzero(releases[:, 4] == kinds[kind])[-1])
+    delivered = int(releases[r, 0] + releases[r, 1] // 2)  # in the middle of that release's rows
+    plan = session_replay(snapshot, 0, delivered, "test")
+    window = np.arange(plan.refill_ids[0], plan.refill_ids[-1] + 1)
+    assert np.array_equal(plan.refill_ids, window)
+    session = np.concatenate([c["session_id"] for c in chunks])
+    rows = {"id": window, "session_id": session[window], "__row_ids__": window}
+    rng = plan.rng
+    buf = LoggedSessions(SessionShuffleBuffer(rng, plan.capacity, key="session_id"), plan.log, rng)
+    first = redo(plan, buf, rows)
+    following = np.concatenate([c["id"] for c in first]) if first else np.empty(0, np.int64)
+    assert np.array_equal(following, ids[delivered : delivered + len(following)])
+    assert delivered + len(following) == releases[r, 0] + releases[r, 1]

@@ -90,7 +90,8 @@ def test_buffers_restored_only_into_free_memory():
                   "prefetch.buffer_mb": {"value": 2000, "unit": "mb", "min": 1, "max": 4096}},
     }  # fmt: skip
     pipe = _pipeline()
-    # v1 fixture: 500 MB used of a 1 GiB limit; the free 524 MB cap the buffer's growth from its 8 MB
+    # v1 fixture: 500 MB used of a 1 GiB limit: the buffer is granted from its minimum (1 MB) into the
+    # free 524 MB, whatever it holds now
     monitor = _monitor(8, "v1")
     free_mb = monitor.sample().memory_free_bytes >> 20
     tuner = tune(pipe, SetOnce({}), tick_s=0.05, monitor=monitor)
@@ -100,8 +101,8 @@ def test_buffers_restored_only_into_free_memory():
             state["knobs"].pop("read.workers")
         tuner.load_state_dict(state)
         assert free_mb == 524
-        assert pipe.knobs["prefetch.buffer_mb"].value == 8 + free_mb
-        assert tuner.restored.applied == {"prefetch.buffer_mb": 8 + free_mb}
+        assert pipe.knobs["prefetch.buffer_mb"].value == 1 + free_mb
+        assert tuner.restored.applied == {"prefetch.buffer_mb": 1 + free_mb}
     finally:
         tuner.close()
 
@@ -169,7 +170,7 @@ def _assert_same_tree(a, b, where="state"):
             _assert_same_tree(a[k], b[k], f"{where}[{k!r}]")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), f"{where}: lengths {len(a)} vs {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _assert_same_tree(x, y, f"{where}[{i}]")
     elif isinstance(a, np.ndarray):
         np.testing.assert_array_equal(a, np.asarray(b), err_msg=where)
@@ -254,7 +255,7 @@ def _observation(pipe, cpus=8.0):
     return observe(before, pipe.metrics(), pipe.knobs, 0, cpus, 1 << 30, 16 << 30, 8 << 30)
 
 
-@pytest.mark.parametrize("name", ["intune", "steer"])
+@pytest.mark.parametrize("name", ["intune", "steer", "intune+steer"])
 def test_a_loaded_policy_skips_its_warm_start(name):
     """Reset on 8 CPUs, the policy would first ask for the even split (udf.workers 4); with its state
     loaded, its first step is a decision from the restored allocation instead."""
@@ -277,3 +278,41 @@ def test_a_loaded_policy_skips_its_warm_start(name):
         _assert_same_tree(trained.state_dict(), resumed.state_dict())
     finally:
         pipe.close()
+
+
+def test_a_pipeline_and_its_tuner_in_one_bundle(tmp_path):
+    """The trainer's recipe (docs/agent.md, "Resume"): one checkpoint of kind "bundle" holding the
+    pipeline's state and its tuner's; load the pipeline first, then the tuner (whose clamp to this
+    machine has the last word on the knobs)."""
+    n = 6000
+    chunks = [{"id": np.arange(i, i + 100)} for i in range(0, n, 100)]
+
+    def build():
+        def udf(chunk):
+            time.sleep(0.0005)
+            return {"id": chunk["id"]}
+
+        return Pipeline.from_iterable(chunks).map(udf, name="udf").shuffle(buffer_rows=500, seed=3).batch(64)
+
+    reference = [b["id"].copy() for b in build()]
+    pipe = build()
+    tuner = tune(pipe, SetOnce({}), tick_s=0.05, monitor=_monitor(8))
+    before = []
+    for batch in tuner:
+        before.append(batch["id"].copy())
+        if len(before) == 10:
+            pipe.knobs["udf.workers"].set(3)  # where the policy might have put it
+        if len(before) >= 30:
+            break
+    save_checkpoint(tmp_path / "job.ckpt", {"pipeline": pipe.state_dict(), "tuner": tuner.state_dict()}, kind="bundle")
+    tuner.close()
+
+    bundle = load_checkpoint(tmp_path / "job.ckpt", kind="bundle")
+    again = build()
+    with tune(again, SetOnce({}), tick_s=0.05, monitor=_monitor(2)) as resumed:
+        again.load_state_dict(bundle["pipeline"])
+        resumed.load_state_dict(bundle["tuner"])
+        assert again.knobs["udf.workers"].value == 1  # 3 saved; 2 CPUs, one of them the reader's
+        after = [b["id"].copy() for b in resumed]
+    got = np.concatenate(before + after)
+    assert np.array_equal(got, np.concatenate(reference))

@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,15 @@ from intune.knobs import Knob
 from intune.monitor import MachineSample, Monitor
 from intune.monitor.live import observe
 from intune.monitor.observation import Observation, reward
-from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, ClampResult, Policy, clamp_request, make
+from intune.policies import (
+    POLICY_NAMES,
+    SIMULATOR_ONLY,
+    ClampResult,
+    Policy,
+    StatefulPolicy,
+    clamp_request,
+    make,
+)
 from intune.policies.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -186,8 +194,9 @@ class Tuner:
         with self._policy_lock:
             if self._pending_policy_state is not None:  # loaded, not yet handed to the policy
                 policy_state = self._pending_policy_state
-            elif self._policy_started and callable(getattr(self.policy, "state_dict", None)):
-                policy_state = self.policy.state_dict(replay=True) if replay else self.policy.state_dict()
+            elif self._policy_started and isinstance(self.policy, StatefulPolicy):
+                state_of: Any = self.policy.state_dict  # ``replay`` is the intune agent's option
+                policy_state = state_of(replay=True) if replay else state_of()
             else:
                 policy_state = None
             knobs = {
@@ -211,9 +220,9 @@ class Tuner:
         """Start from ``state`` (``state_dict()`` of a tuner with the same policy on the same knobs).
 
         The knobs are set to the saved values now, clamped to their current bounds and to this machine
-        by the rule every request passes (``clamp_request``: workers grow only into the CPUs this tuner
-        may use, buffers only into the free memory; decreases always pass), so a job restarted on a
-        smaller machine starts from its saved allocation cut to fit, then adapts. What was applied is in
+        by the rule every request passes (``restore_knobs``: workers only into the CPUs this tuner may
+        use, buffers only into the free memory), so a job restarted on a smaller machine starts from its
+        saved allocation cut to fit, then adapts. What was applied is in
         ``restored``. The policy gets its state right after its first ``reset`` (it skips its warm
         start). Another policy, knob set, or knob unit raises ``ResumeMismatchError`` naming it, and
         nothing is changed.
@@ -238,7 +247,7 @@ class Tuner:
         if units:
             raise ResumeMismatchError(f"Tuner.load_state_dict: knobs of another unit: {', '.join(units)}")
         policy_state = state["policy_state"]
-        if policy_state is not None and not callable(getattr(self.policy, "load_state_dict", None)):
+        if policy_state is not None and not isinstance(self.policy, StatefulPolicy):
             raise ResumeMismatchError(
                 f"Tuner.load_state_dict: the state holds policy {self.policy.name!r}'s state, but this policy keeps none"
             )
@@ -249,6 +258,7 @@ class Tuner:
             if policy_state is None:
                 return
             if self._policy_started:  # the tuner already runs: the policy takes the state now
+                assert isinstance(self.policy, StatefulPolicy)
                 self.policy.load_state_dict(policy_state)
             else:
                 self._pending_policy_state = policy_state
@@ -366,6 +376,7 @@ class Tuner:
                 self.policy.reset(self.knobs, obs)  # a one-off, not part of the decision time
                 if self._pending_policy_state is not None:  # a resumed job: the policy goes on from its state
                     state, self._pending_policy_state = self._pending_policy_state, None
+                    assert isinstance(self.policy, StatefulPolicy)  # checked when the state was loaded
                     self.policy.load_state_dict(state)
                 reset_ok = True
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -429,17 +440,31 @@ TUNER_STATE_FORMAT = 1
 
 
 def restore_knobs(knobs: Mapping[str, Knob], values: Mapping[str, int], machine: MachineSample) -> ClampResult:
-    """Set ``knobs`` to saved ``values``, clamped as the runner clamps every request: to the knobs'
-    bounds, to the machine's CPUs (workers grow only into them, in the knobs' order) and to its free
-    memory (buffers grow only into it); decreases first, and always granted.
+    """Set ``knobs`` to saved ``values``, cut to fit this machine by the rule every request passes
+    (``clamp_request``), applied as if every knob stood at its minimum: workers are granted in the knobs'
+    order until the machine's CPUs are used (each knob keeps at least its minimum), buffers until the
+    free memory is; then the knobs are set, decreases first.
 
-    The rule is the live one (``clamp_request``) on purpose: a restored allocation is a request like any
-    other, so a smaller machine gets the saved allocation cut to fit, never more than a policy could ask.
+    From the minimums, not from the values in place: a restored allocation must fit the machine it
+    resumes on whatever the knobs hold now (a pipeline's own ``load_state_dict`` restores its knobs to
+    its bounds only, and a loader may start with more workers than the saved state had), so a smaller
+    machine gets the saved allocation cut to fit, never more than a policy could be granted there.
     """
     request = {name: knobs[name].clamp(v) for name, v in values.items()}
-    clamped = clamp_request(knobs, request, machine.cpus, machine.memory_free_bytes)
-    applied = Runner(knobs).set(clamped).applied
-    return ClampResult(requested=dict(values), applied=applied)
+    floor = {name: Knob(name, k.unit, k.min, k.max, get=_constant(k.min), set=_refuse) for name, k in knobs.items()}
+    granted = clamp_request(floor, request, machine.cpus, machine.memory_free_bytes).applied
+    target = {name: granted.get(name, k.min) for name, k in knobs.items()}
+    applied = {name: v for name, v in target.items() if v != knobs[name].value}
+    done = Runner(knobs).set(ClampResult(requested=dict(values), applied=applied)).applied
+    return ClampResult(requested=dict(values), applied=done)
+
+
+def _constant(value: int) -> Callable[[], int]:
+    return lambda: value
+
+
+def _refuse(value: int) -> None:
+    raise RuntimeError("restore_knobs: the floor view of the knobs is read-only")
 
 
 def tune(

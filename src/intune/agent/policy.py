@@ -175,9 +175,10 @@ class IntunePolicy:
         (best and last throughput, the CPU count and ticks since it changed), the safety layer's
         measurements of what a worker costs, the count of rewards observed and the sampling generator.
         Once online learning has taken a step: the target network and the optimizer's moments too.
-        The replay buffer only with ``replay=True``: at its full 2,048 transitions it is about 6.6 MB
-        (two 16 x 31 float32 feature grids, a mask and actions per transition), against about 0.2 MB
-        for the weights, and a restarted job refills it in its first few dozen ticks.
+        The replay buffer only with ``replay=True``: at its full 2,048 transitions it is 10.7 MB (per
+        transition two 16 x 39 float32 feature grids, actions, masks), against 0.16 MB for the weights
+        (the target and the optimizer's moments triple that once learning has stepped), and a restarted
+        job refills the 32 transitions its first step needs within a minute of 1 s ticks.
         Call it on a policy that has been ``reset`` (the tuner does).
         """
         online = None

@@ -241,9 +241,9 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise ValueError("intune.DataLoader: the loader is closed")
-        resume, self._resume = self._resume, None
-        if resume is not None:
-            self._replay(resume)
+        if self._resume is not None:
+            self._replay(self._resume)  # a refused resume stays pending: a retry raises again
+            self._resume = None
         else:
             self._begin()
         batches = iter(self.pipeline)

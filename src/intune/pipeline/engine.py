@@ -37,6 +37,7 @@ from intune.pipeline.resume import (
 )
 from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
+from intune.pipeline.session_resume import session_replay
 from intune.pipeline.sharding import Shard, resolve_shard
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
@@ -475,8 +476,8 @@ class Pipeline:
         the shuffle's log under its lock; the stages keep running, resizes included). A few KB plus 16
         bytes per input chunk the epoch has read so far; no row data. Before the first epoch, or after an
         epoch's end, it points at the start of the next epoch. Raises ``ResumeError`` for a pipeline a
-        checkpoint cannot resume exactly (``deterministic=False``, no shuffle stage or a session
-        shuffle, a custom stage; see docs/resume.md).
+        checkpoint cannot resume exactly (``deterministic=False``, no shuffle stage, a custom stage, a map
+        before the shuffle that changed row counts; see docs/resume.md).
         """
         check_resumable(self)
         with self._lock:
@@ -539,7 +540,11 @@ class Pipeline:
             if state["shuffle"] is None:
                 raise CheckpointError(f"load_state_dict(): {rows} rows delivered but the state has no shuffle log")
             shuffle = next(s for s in self._stages if s.kind == "shuffle")
-            plan = replay(state["shuffle"], shuffle.seed, epoch, rows, "load_state_dict()")
+            if "releases" in state["shuffle"]:  # a session shuffle (RecD): redo the release at the position
+                plan = session_replay(state["shuffle"], epoch, rows, "load_state_dict()")
+            else:
+                plan = replay(state["shuffle"], shuffle.seed, epoch, rows, "load_state_dict()")
+            assert plan is not None
             plan.batches = batches
         for name, value in dict(state["knobs"]).items():
             knob = self._knobs.get(name)

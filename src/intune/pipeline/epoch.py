@@ -5,7 +5,8 @@ failure), ``EpochIterator`` (what ``iter(pipeline)`` returns: it raises a stage'
 own cause, ends the epoch at the end of data, raises ``PipelineClosedError`` when the epoch was
 stopped from outside (close, a newer epoch), warns when every row was skipped, and shuts the
 pipeline down on Ctrl-C) and the
-consumer-side counters behind ``rows_per_s`` and ``consumer_step_s``. It must not build stages.
+consumer-side counters behind ``rows_per_s`` and ``consumer_step_s``, and the epoch's position that
+``Pipeline.state_dict`` reads (rows and batches delivered, whether it completed). It must not build stages.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ consumer's position (rows and batches delivered), and the shuffle's log: each in
 ``buffer_mb`` change, a shrink, the final drain). Replaying the log on row ids only, up to the step
 whose output crosses the consumer's position, gives the buffer's exact contents (ids in slot order) and
 the generator's state; a resume reads those rows again ("the refill"), and the source from the chunk
-after the last replayed one. See docs/resume.md.
+after the last replayed one. A session shuffle (RecD) is resumed another way, by redoing one logged
+release (``session_resume``). See docs/resume.md.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class ShuffleLog:
 
     def __init__(self, units: list[int] | None = None, items: list[int] | None = None,
                  rows: list[int] | None = None, events: list[tuple[int, int, int, int]] | None = None,
-                 row_bytes: int = 0) -> None:
+                 row_bytes: int = 0, releases: list[list[int]] | None = None,
+                 rng_states: list[list[int]] | None = None, sessions: bool = False) -> None:
         self._lock = threading.Lock()
         self.units = units or []
         self.items = items or []
@@ -60,6 +62,13 @@ class ShuffleLog:
         self.events = events or []
         self.row_bytes = row_bytes
         self.problem = ""
+        # a session shuffle's releases (``session_resume``): 8 integers and the generator's state each
+        self.sessions = sessions
+        self.releases = releases or []
+        self.rng_states = rng_states or []
+        # a resumed epoch's steps that the checkpointed run had taken but this one has not yet: a state
+        # taken now keeps them (after the steps taken), so a second resume applies them where they ran
+        self.pending: list[tuple[int, int, int, int]] = []
 
     def add(self, read_at: tuple[int, int] | None, read_rows: int, rows: int, stage: str) -> None:
         with self._lock:
@@ -80,18 +89,37 @@ class ShuffleLog:
         with self._lock:
             self.events.append((len(self.rows), kind, a, b))
 
+    def take_pending(self, position: int) -> list[tuple[int, int, int, int]]:
+        """The pending steps at ``position``, moved to the steps taken (one lock: a snapshot sees each
+        step once, taken or pending)."""
+        with self._lock:
+            due = []
+            while self.pending and self.pending[0][0] == position:
+                due.append(self.pending.pop(0))
+            self.events.extend(due)
+            return due
+
+    def release(self, fields: list[int], rng_state: list[int]) -> None:
+        with self._lock:
+            self.releases.append(fields)
+            self.rng_states.append(rng_state)
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             if self.problem:
                 raise ResumeError(f"this epoch cannot be resumed: {self.problem}")
-            events = np.array(self.events, dtype=np.int64).reshape(-1, 4)
-            return {
+            events = np.array(self.events + self.pending, dtype=np.int64).reshape(-1, 4)
+            out: dict[str, Any] = {
                 "units": np.array(self.units, dtype=np.int64),
                 "items": np.array(self.items, dtype=np.int32),
                 "rows": np.array(self.rows, dtype=np.int32),
                 "events": events,
                 "row_bytes": int(self.row_bytes),
             }
+            if self.sessions:
+                out["releases"] = np.array(self.releases, dtype=np.int64).reshape(-1, 8)
+                out["rng_states"] = [list(s) for s in self.rng_states]  # 128-bit integers: in the JSON tree
+            return out
 
 
 @dataclass
@@ -116,6 +144,7 @@ class ResumePlan:
     pending: list[tuple[int, int, int, int]] = field(default_factory=list)  # logged steps after the stop
     logged_until: int = 0  # chunks the checkpointed run had added: below it, only logged steps
     chunk_rows: int = 1  # the largest chunk added so far (the shuffle's max_out)
+    session_redo: dict[str, int] | None = None  # a session shuffle's release to redo (``session_resume``)
 
 
 def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, where: str) -> ResumePlan:
@@ -198,13 +227,21 @@ def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, wh
         chunk_rows=max(1, int(rows[:k].max()) if k else 1),
         resume_after=(int(units[k - 1]), int(items[k - 1])) if k else None,
     )
-    # which (unit, item) holds each needed id, and its local row
+    plan.refill = refill_map(units, items, rows, starts, needed)
+    return plan
+
+
+def refill_map(
+    units: np.ndarray, items: np.ndarray, rows: np.ndarray, starts: np.ndarray, needed: np.ndarray
+) -> dict[int, dict[int, tuple[int, np.ndarray]]]:
+    """``{unit: {item: (rows, local indices)}}``: where each needed row id (ascending) is read."""
+    out: dict[int, dict[int, tuple[int, np.ndarray]]] = {}
     which = np.searchsorted(starts, needed, side="right") - 1
     for chunk in np.unique(which):
         local = needed[which == chunk] - starts[chunk]
         unit, item = int(units[chunk]), int(items[chunk])
-        plan.refill.setdefault(unit, {})[item] = (int(rows[chunk]), local)
-    return plan
+        out.setdefault(unit, {})[item] = (int(rows[chunk]), local)
+    return out
 
 
 # ---- fingerprints ------------------------------------------------------------------------------------
@@ -335,11 +372,6 @@ def check_resumable(pipe: Pipeline) -> None:
         raise ResumeError(
             f"state_dict() needs exactly one shuffle stage (it records the epoch's input); this pipeline has "
             f"{len(shuffles)} ({' -> '.join(kinds)}); add .shuffle() (a small buffer_rows if the order must stay)"
-        )
-    if getattr(shuffles[0], "by", None) is not None:
-        raise ResumeError(
-            f"state_dict(): stage {shuffles[0].name!r} shuffles sessions (by={shuffles[0].by!r}); its draws depend "
-            "on the session ids' values, which a replay on row ids cannot see, so it cannot be resumed yet"
         )
     known = {"read", "map", "shuffle", "batch", "prefetch"}
     for stage in pipe._stages:

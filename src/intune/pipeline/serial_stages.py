@@ -3,8 +3,8 @@
 Owns how each turns its input channel into its output channel for an epoch, and the ``buffer_mb``
 knobs of shuffle and prefetch: the shuffle's capacity in rows is ``min(buffer_rows, buffer_mb of
 rows)`` (re-read at every chunk, so a smaller knob lets rows out at once) and the prefetch queue holds
-at most ``depth`` items and ``buffer_mb`` bytes. The algorithms themselves are in ``shuffle`` and
-``batcher``. It must not know about pools or processes.
+at most ``depth`` items and ``buffer_mb`` bytes. The shuffle also keeps the epoch's log and follows a
+resume's plan (``resume``). The algorithms themselves are in ``shuffle`` and ``batcher``. It must not know about pools or processes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from intune.pipeline.channel import Channel, Item
 from intune.pipeline.chunks import Origin, nbytes, num_rows
 from intune.pipeline.errors import PipelineError
 from intune.pipeline.resume import DRAIN, INIT, RESIZE, ResumePlan, ShuffleLog
+from intune.pipeline.session_resume import DRAIN as SESSION_DRAIN
+from intune.pipeline.session_resume import LoggedSessions, redo
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
 from intune.pipeline.stages import EpochContext, MiB, Stage, sequential_loop
 
@@ -85,7 +87,8 @@ class ShuffleStage(Stage):
         rng = plan.rng if plan is not None and plan.rng is not None else np.random.default_rng([self.seed, epoch.index])
         log = plan.log if plan is not None and plan.log is not None else ShuffleLog()
         epoch.shuffle_log = log  # type: ignore[attr-defined]
-        pending = list(plan.pending) if plan is not None else []
+        if plan is not None:
+            log.pending = list(plan.pending)  # steps the checkpointed run had taken ahead of its consumer
         logged_until = plan.logged_until if plan is not None else 0
         state: dict = {
             "buffer": None,
@@ -106,9 +109,13 @@ class ShuffleStage(Stage):
                 items.append(Item(chunk, Origin((), ids, table), len(ids), nbytes(chunk)))
             return items
 
-        def new_buffer(capacity: int) -> ShuffleBuffer:
-            log.event(INIT, capacity)
+        def new_buffer(capacity: int, logged: bool = False) -> ShuffleBuffer:
+            if not logged:
+                log.event(INIT, capacity)
             buf = self._buffer_factory(rng, capacity)
+            if self.by is not None:  # a session shuffle logs its releases instead (``session_resume``)
+                log.sessions = True
+                buf = LoggedSessions(buf, log, rng, taken=table.total)  # type: ignore[assignment]
             state["buffer"] = self._buffer = buf
             return buf
 
@@ -120,19 +127,17 @@ class ShuffleStage(Stage):
             return buf.resize(capacity, max_out=state["chunk_rows"])
 
         def live(position: int) -> bool:
-            return position >= logged_until and not pending
+            return position >= logged_until and not log.pending
 
         def apply_pending(position: int) -> list[dict]:
             released: list[dict] = []
-            while pending and pending[0][0] == position:
-                _, kind, a, b = pending.pop(0)
+            for _, kind, a, b in log.take_pending(position):
                 if kind == INIT:
-                    new_buffer(a)
+                    new_buffer(a, logged=True)
                     continue
                 buf = state["buffer"]
                 if buf is None:
                     raise PipelineError(f"stage {self.name!r}: the resumed log resizes a buffer that does not exist")
-                log.event(kind, a, b)
                 if kind == RESIZE:
                     released += buf.resize(a, max_out=b)
                 else:
@@ -156,6 +161,11 @@ class ShuffleStage(Stage):
                 names = chunks[0].keys()
                 rows = {n: np.concatenate([c[n] for c in chunks]) for n in names}
                 rows[IDS] = plan.refill_ids
+            if plan.session_redo is not None:  # a session shuffle: redo the release the position is in
+                sessions = LoggedSessions(self._buffer_factory(rng, plan.capacity), log, rng)
+                state["buffer"] = self._buffer = sessions
+                state["drained"] = plan.session_redo["kind"] == SESSION_DRAIN
+                return redo(plan, sessions, rows)
             released = []
             if len(plan.straddle_ids):
                 at = np.searchsorted(plan.refill_ids, plan.straddle_ids)
@@ -213,7 +223,7 @@ class ShuffleStage(Stage):
 
         def on_end() -> list[Item]:
             released = [] if state["refilled"] else finish_refill()
-            if pending:
+            if log.pending:
                 released += apply_pending(len(log.rows))
             buf = state["buffer"]
             if buf is not None and not state["drained"]:

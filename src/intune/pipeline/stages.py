@@ -3,7 +3,8 @@
 Owns ``Stage`` (name, kind, knobs, counters, metrics snapshot), the one-thread loop that serial
 stages use (``sequential_loop``), and ``ReadStage`` / ``MapStage``: a resizable set of thread or
 process workers behind a ``<stage>.workers`` knob, with UDF failures turned into ``StageError`` or
-skips and dead process workers restarted a bounded number of times. A stage object lives as long as
+skips and dead process workers restarted a bounded number of times. The read stage stamps each chunk
+with its read address and, in a resumed epoch, reads the refill first (``resume``). A stage object lives as long as
 the pipeline (knobs, counters, parked process workers); ``start`` builds its threads and output
 channel for one epoch. The serial stages (shuffle, batch, prefetch) live in ``serial_stages``. It must
 not know about the stages around it beyond its input channel.

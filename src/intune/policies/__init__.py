@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from intune.policies.base import ClampResult, Policy, clamp_request, even_split
+from intune.policies.base import ClampResult, Policy, StatefulPolicy, clamp_request, even_split
 
 _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "none": ("intune.policies.static", "NonePolicy", {}),
@@ -38,4 +38,6 @@ def make(name: str, **kwargs: Any) -> Policy:
     return getattr(importlib.import_module(module), cls)(**{**defaults, **kwargs})
 
 
-__all__ = ["ClampResult", "POLICY_NAMES", "SIMULATOR_ONLY", "Policy", "clamp_request", "even_split", "make"]
+__all__ = [
+    "ClampResult", "POLICY_NAMES", "SIMULATOR_ONLY", "Policy", "StatefulPolicy", "clamp_request", "even_split", "make",
+]

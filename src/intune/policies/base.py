@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
@@ -26,6 +26,19 @@ class Policy(Protocol):
 
     def step(self, observation: Observation) -> dict[str, int]:
         """Return ``{knob_name: new_value}`` for the knobs to change (may be empty)."""
+
+
+@runtime_checkable
+class StatefulPolicy(Policy, Protocol):
+    """A policy that keeps what it measured across a restart (``Tuner.state_dict``): optional.
+
+    ``state_dict()`` returns plain values and numpy arrays (``intune.checkpoint`` stores them without
+    pickle); ``load_state_dict(state)`` is called right after ``reset`` on the same knobs, and the
+    policy goes on from there (no warm start: the tuner has restored the knobs)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)

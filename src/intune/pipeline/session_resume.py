@@ -1,0 +1,174 @@
+"""Resuming a session shuffle (``shuffle(by=...)``, RecD): its releases logged, and the one to redo.
+
+Owns ``LoggedSessions`` (a ``SessionShuffleBuffer`` whose releases are recorded) and
+``session_replay`` (the plan a resumed epoch follows). It must not change how sessions are shuffled
+(``intune.recd.session_shuffle`` owns that) nor read data.
+
+Why not the row-id replay of ``resume``: a session buffer's draw is a permutation of the sessions in a
+window, and how many sessions a window holds depends on the session ids' values, which a replay on row
+ids cannot see. But its state is simpler than a slot buffer's: what it holds is always a contiguous tail
+of its input (a release keeps the rows from the last session's start on), and its generator only moves
+at a release. So each release is logged with what it needs to be redone: the rows let out before it,
+the window's row ids ``[first, end)``, the generator's state before it, the capacity, and what
+triggered it (an ``add``, a shrink with its ``max_out``, the drain). A resume reads that window's rows
+again, redoes the release with the same generator state on the same rows (the same permutation), drops
+the rows delivered before the checkpoint and continues with the input after the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from intune.checkpoint import CheckpointError
+from intune.pipeline.chunks import num_rows
+from intune.pipeline.resume import ResumePlan, ShuffleLog, refill_map
+
+ADD, SHRINK, DRAIN = 0, 1, 2
+_BIG = 1 << 62
+
+
+def rng_state(rng: np.random.Generator) -> list[int]:
+    """A PCG64 generator's state as four integers (what ``set_rng_state`` takes back)."""
+    state = rng.bit_generator.state
+    if state.get("bit_generator") != "PCG64":
+        raise ValueError(f"session shuffle resume needs a PCG64 generator, got {state.get('bit_generator')}")
+    return [int(state["state"]["state"]), int(state["state"]["inc"]), int(state["has_uint32"]), int(state["uinteger"])]
+
+
+def generator_at(values: list[int]) -> np.random.Generator:
+    rng = np.random.default_rng()
+    rng.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": int(values[0]), "inc": int(values[1])},
+        "has_uint32": int(values[2]),
+        "uinteger": int(values[3]),
+    }
+    return rng
+
+
+class LoggedSessions:
+    """A session buffer whose every release is appended to ``log.releases`` before its rows leave.
+
+    ``taken`` counts the row ids taken in (the next chunk's first id) and ``emitted`` the rows let out,
+    both epoch-global (a resumed buffer starts at the window it redoes).
+    """
+
+    def __init__(self, buf: Any, log: ShuffleLog, rng: np.random.Generator, taken: int = 0, emitted: int = 0) -> None:
+        self.buf, self.log, self.rng = buf, log, rng
+        self.taken, self.emitted = taken, emitted
+
+    @property
+    def capacity(self) -> int:
+        return self.buf.capacity
+
+    @capacity.setter
+    def capacity(self, value: int) -> None:
+        self.buf.capacity = value
+
+    @property
+    def size(self) -> int:
+        return self.buf.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
+
+    def add(self, chunk: dict) -> list[dict]:
+        rows = num_rows(chunk)
+        return self._logged(ADD, rows, 0, lambda: self.buf.add(chunk))
+
+    def resize(self, capacity: int, max_out: int | None = None) -> list[dict]:
+        return self._logged(SHRINK, 0, -1 if max_out is None else max_out, lambda: self.buf.resize(capacity, max_out))
+
+    def drain(self, chunk_rows: int) -> list[dict]:
+        return self._logged(DRAIN, 0, chunk_rows, lambda: self.buf.drain(chunk_rows))
+
+    def restore(self, rows: dict) -> None:  # the slot buffer's resume hook; a session buffer has no slots
+        raise NotImplementedError
+
+    def _logged(self, kind: int, rows_in: int, arg: int, step: Any) -> list[dict]:
+        before = rng_state(self.rng)
+        first = self.taken - self.buf.size
+        capacity = self.buf.capacity
+        out = step()
+        self.taken += rows_in
+        if out:
+            let_out = sum(num_rows(c) for c in out)
+            self.log.release(
+                [self.emitted, let_out, first, self.taken, kind, arg, capacity, self.buf.capacity], before
+            )
+            self.emitted += let_out
+        return out
+
+
+def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where: str) -> ResumePlan | None:
+    """The plan that redoes the release whose output holds the ``delivered``-th row (the last one that
+    starts at or before it), or None when nothing was delivered."""
+    if delivered <= 0:
+        return None
+    units = np.asarray(shuffle["units"], dtype=np.int64)
+    items = np.asarray(shuffle["items"], dtype=np.int64)
+    rows = np.asarray(shuffle["rows"], dtype=np.int64)
+    releases = np.asarray(shuffle["releases"], dtype=np.int64).reshape(-1, 8)
+    states = list(shuffle["rng_states"])
+    if len(states) != len(releases):
+        raise CheckpointError(f"{where}: the session log's releases and generator states differ in number")
+    starts = np.concatenate([[0], np.cumsum(rows)])
+    covering = np.flatnonzero((releases[:, 0] <= delivered) & (delivered <= releases[:, 0] + releases[:, 1]))
+    if not covering.size:
+        raise CheckpointError(f"{where}: no logged session release covers the {delivered} rows delivered")
+    r = int(covering[-1])
+    emitted, _, first, end, kind, arg, capacity, capacity_after = (int(x) for x in releases[r])
+    k = int(np.searchsorted(starts, end)) if end else 0  # chunks added up to the window's end
+    if end and starts[k] != end:
+        raise CheckpointError(f"{where}: a session release ends inside a chunk (row {end})")
+    needed = np.arange(first, end, dtype=np.int64)
+    plan = ResumePlan(
+        epoch=epoch,
+        rows=delivered,
+        batches=0,
+        refill_ids=needed,
+        rng=generator_at(states[r]),
+        capacity=capacity,
+        next_id=end,
+        log=ShuffleLog(
+            units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), [], int(shuffle["row_bytes"]),
+            releases=releases[:r].tolist(), rng_states=states[:r], sessions=True,
+        ),
+        chunk_rows=max(1, int(rows[:k].max()) if k else 1),
+        resume_after=(int(units[k - 1]), int(items[k - 1])) if k else None,
+    )
+    plan.session_redo = {
+        "kind": kind, "arg": arg, "capacity_after": capacity_after, "emitted": emitted,
+        "skip": delivered - emitted, "last_chunk_rows": int(rows[k - 1]) if kind == ADD and k else 0,
+    }
+    plan.refill = refill_map(units, items, rows, starts, needed)
+    return plan
+
+
+def redo(plan: ResumePlan, buf: LoggedSessions, rows: dict) -> list[dict]:
+    """Load the window's rows into ``buf`` and redo its release: the rows it lets out after those
+    delivered before the checkpoint."""
+    info = plan.session_redo
+    assert info is not None
+    n = num_rows(rows) if rows else 0
+    tail = info["last_chunk_rows"]  # an add's release: the chunk that triggered it is added last
+    buf.taken, buf.emitted = plan.next_id - n, info["emitted"]
+    buf.capacity = _BIG
+    if n - tail:
+        buf.add({k: v[: n - tail] for k, v in rows.items()})
+    buf.capacity = plan.capacity
+    if info["kind"] == ADD:
+        out = buf.add({k: v[n - tail :] for k, v in rows.items()})
+    elif info["kind"] == SHRINK:
+        out = buf.resize(info["capacity_after"], None if info["arg"] < 0 else info["arg"])
+    else:
+        out = buf.drain(info["arg"])
+    if not out:
+        raise CheckpointError("resume: redoing the session release let nothing out (the data changed since the checkpoint?)")
+    merged = {k: np.concatenate([c[k] for c in out]) for k in out[0]}
+    skip = info["skip"]
+    return [{k: v[skip:] for k, v in merged.items()}] if skip < num_rows(merged) else []
