@@ -593,7 +593,8 @@ def _context(shipped, seeds, n_held, periods, jobs, wall, notes) -> list[str]:
         f"Shipped workloads ({len(shipped)}): {', '.join(s.name for s in shipped)}.",
         f"Held-out: {n_held} random specs from each of the seeds {', '.join(map(str, seeds))} (pretraining draws "
         "from its --seed and seed + 1,000,003).",
-        "Ratio: mean model throughput / mean phase optimum (`sim.optimum` at the current CPUs, refreshed every "
+        "Ratio: mean model throughput / mean phase optimum (`sim.optimum(cpus, objective='throughput')`: the most "
+        "rows/s of any allocation that cannot OOM, at the current CPUs, refreshed every "
         f"120 ticks); a phase converges when it holds 95% of its optimum, counted within {WITHIN_TICKS} ticks.",
         f"{jobs} jobs; wall time {wall:.0f} s. {md_report.load_line()}",
         *(f"Note: {n}" for n in notes),
