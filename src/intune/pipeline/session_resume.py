@@ -126,6 +126,17 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
     if end and starts[k] != end:
         raise CheckpointError(f"{where}: a session release ends inside a chunk (row {end})")
     needed = np.arange(first, end, dtype=np.int64)
+    # the shuffle's other steps (capacity changes): those after the redone release run where they ran
+    # (the checkpointed run's shuffle was ahead of its consumer); an add's release comes after the steps
+    # at its chunk's position, a shrink's or the drain's is itself the first matching step at ``k``
+    events = [tuple(int(x) for x in e) for e in np.asarray(shuffle["events"], dtype=np.int64).reshape(-1, 4)]
+    split = next((i for i, e in enumerate(events) if e[0] >= k), len(events))
+    if kind != ADD:
+        step = (k, 2, arg, 0) if kind == DRAIN else (k, 1, capacity_after, arg)  # as the stage logs them
+        match = next((i for i in range(split, len(events)) if events[i] == step), None)
+        if match is None:
+            raise CheckpointError(f"{where}: the session release to redo is not among the shuffle's logged steps")
+        split = match + 1
     plan = ResumePlan(
         epoch=epoch,
         rows=delivered,
@@ -135,9 +146,11 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
         capacity=capacity,
         next_id=end,
         log=ShuffleLog(
-            units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), [], int(shuffle["row_bytes"]),
+            units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), events[:split], int(shuffle["row_bytes"]),
             releases=releases[:r].tolist(), rng_states=states[:r], sessions=True,
         ),
+        pending=events[split:],
+        logged_until=len(rows),
         chunk_rows=max(1, int(rows[:k].max()) if k else 1),
         resume_after=(int(units[k - 1]), int(items[k - 1])) if k else None,
     )
