@@ -59,6 +59,7 @@ class LoggedSessions:
     def __init__(self, buf: Any, log: ShuffleLog, rng: np.random.Generator, taken: int = 0, emitted: int = 0) -> None:
         self.buf, self.log, self.rng = buf, log, rng
         self.taken, self.emitted = taken, emitted
+        self.quiet = False  # a redone release is in the log already
 
     @property
     def capacity(self) -> int:
@@ -97,9 +98,10 @@ class LoggedSessions:
         self.taken += rows_in
         if out:
             let_out = sum(num_rows(c) for c in out)
-            self.log.release(
-                [self.emitted, let_out, first, self.taken, kind, arg, capacity, self.buf.capacity], before
-            )
+            if not self.quiet:
+                self.log.release(
+                    [self.emitted, let_out, first, self.taken, kind, arg, capacity, self.buf.capacity], before
+                )
             self.emitted += let_out
         return out
 
@@ -147,7 +149,7 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
         next_id=end,
         log=ShuffleLog(
             units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), events[:split], int(shuffle["row_bytes"]),
-            releases=releases[:r].tolist(), rng_states=states[:r], sessions=True,
+            releases=releases[: r + 1].tolist(), rng_states=states[: r + 1], sessions=True,
         ),
         pending=events[split:],
         logged_until=len(rows),
@@ -174,12 +176,14 @@ def redo(plan: ResumePlan, buf: LoggedSessions, rows: dict) -> list[dict]:
     if n - tail:
         buf.add({k: v[: n - tail] for k, v in rows.items()})
     buf.capacity = plan.capacity
+    buf.quiet = True  # the plan's log holds this release already (a state taken before the redo needs it)
     if info["kind"] == ADD:
         out = buf.add({k: v[n - tail :] for k, v in rows.items()})
     elif info["kind"] == SHRINK:
         out = buf.resize(info["capacity_after"], None if info["arg"] < 0 else info["arg"])
     else:
         out = buf.drain(info["arg"])
+    buf.quiet = False
     if not out:
         raise CheckpointError("resume: redoing the session release let nothing out (the data changed since the checkpoint?)")
     merged = {k: np.concatenate([c[k] for c in out]) for k in out[0]}
