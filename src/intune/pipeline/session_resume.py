@@ -24,7 +24,7 @@ import numpy as np
 
 from intune.checkpoint import CheckpointError
 from intune.pipeline.chunks import num_rows
-from intune.pipeline.resume import ResumePlan, ShuffleLog, refill_map
+from intune.pipeline.resume import ResumePlan, ShuffleLog, refill_map, steps
 
 ADD, SHRINK, DRAIN = 0, 1, 2
 _BIG = 1 << 62
@@ -131,7 +131,7 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
     # the shuffle's other steps (capacity changes): those after the redone release run where they ran
     # (the checkpointed run's shuffle was ahead of its consumer); an add's release comes after the steps
     # at its chunk's position, a shrink's or the drain's is itself the first matching step at ``k``
-    events = [tuple(int(x) for x in e) for e in np.asarray(shuffle["events"], dtype=np.int64).reshape(-1, 4)]
+    events = steps(shuffle["events"])
     split = next((i for i, e in enumerate(events) if e[0] >= k), len(events))
     if kind != ADD:
         step = (k, 2, arg, 0) if kind == DRAIN else (k, 1, capacity_after, arg)  # as the stage logs them
