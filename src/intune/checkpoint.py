@@ -101,7 +101,7 @@ def _layout(arrays: list[np.ndarray]) -> tuple[list[dict[str, Any]], int]:
     return specs, offset
 
 
-def _digest(kind: str, tree_json: bytes, payload: bytes | memoryview) -> str:
+def _digest(kind: str, tree_json: bytes, payload: bytes | bytearray | memoryview) -> str:
     h = hashlib.sha256()
     h.update(kind.encode())
     h.update(b"\0")

@@ -37,6 +37,12 @@ STATE_VERSION = 1
 
 # event kinds in the shuffle log: (position = chunks added before it, kind, a, b)
 INIT, RESIZE, DRAIN = 0, 1, 2
+Step = tuple[int, int, int, int]
+
+
+def steps(events: Any) -> list[Step]:
+    """A log's steps (an ``(n, 4)`` integer array, or rows of four) as tuples of Python ints."""
+    return [(int(p), int(k), int(a), int(b)) for p, k, a, b in np.asarray(events, dtype=np.int64).reshape(-1, 4)]
 
 
 class ResumeError(ValueError):
@@ -158,7 +164,7 @@ def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, wh
     units = np.asarray(shuffle["units"], dtype=np.int64)
     items = np.asarray(shuffle["items"], dtype=np.int64)
     rows = np.asarray(shuffle["rows"], dtype=np.int64)
-    events = [tuple(int(x) for x in e) for e in np.asarray(shuffle["events"], dtype=np.int64).reshape(-1, 4)]
+    events = steps(shuffle["events"])
     if not (len(units) == len(items) == len(rows)) or (rows < 0).any():
         raise CheckpointError(f"{where}: the shuffle log's chunk arrays are inconsistent")
     starts = np.concatenate([[0], np.cumsum(rows)])

@@ -24,7 +24,7 @@ import numpy as np
 
 from intune.checkpoint import CheckpointError
 from intune.pipeline.chunks import num_rows
-from intune.pipeline.resume import ResumePlan, ShuffleLog, refill_map
+from intune.pipeline.resume import ResumePlan, ShuffleLog, refill_map, steps
 
 ADD, SHRINK, DRAIN = 0, 1, 2
 _BIG = 1 << 62
@@ -59,6 +59,7 @@ class LoggedSessions:
     def __init__(self, buf: Any, log: ShuffleLog, rng: np.random.Generator, taken: int = 0, emitted: int = 0) -> None:
         self.buf, self.log, self.rng = buf, log, rng
         self.taken, self.emitted = taken, emitted
+        self.quiet = False  # a redone release is in the log already
 
     @property
     def capacity(self) -> int:
@@ -97,9 +98,10 @@ class LoggedSessions:
         self.taken += rows_in
         if out:
             let_out = sum(num_rows(c) for c in out)
-            self.log.release(
-                [self.emitted, let_out, first, self.taken, kind, arg, capacity, self.buf.capacity], before
-            )
+            if not self.quiet:
+                self.log.release(
+                    [self.emitted, let_out, first, self.taken, kind, arg, capacity, self.buf.capacity], before
+                )
             self.emitted += let_out
         return out
 
@@ -126,6 +128,17 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
     if end and starts[k] != end:
         raise CheckpointError(f"{where}: a session release ends inside a chunk (row {end})")
     needed = np.arange(first, end, dtype=np.int64)
+    # the shuffle's other steps (capacity changes): those after the redone release run where they ran
+    # (the checkpointed run's shuffle was ahead of its consumer); an add's release comes after the steps
+    # at its chunk's position, a shrink's or the drain's is itself the first matching step at ``k``
+    events = steps(shuffle["events"])
+    split = next((i for i, e in enumerate(events) if e[0] >= k), len(events))
+    if kind != ADD:
+        step = (k, 2, arg, 0) if kind == DRAIN else (k, 1, capacity_after, arg)  # as the stage logs them
+        match = next((i for i in range(split, len(events)) if events[i] == step), None)
+        if match is None:
+            raise CheckpointError(f"{where}: the session release to redo is not among the shuffle's logged steps")
+        split = match + 1
     plan = ResumePlan(
         epoch=epoch,
         rows=delivered,
@@ -135,9 +148,11 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
         capacity=capacity,
         next_id=end,
         log=ShuffleLog(
-            units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), [], int(shuffle["row_bytes"]),
-            releases=releases[:r].tolist(), rng_states=states[:r], sessions=True,
+            units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), events[:split], int(shuffle["row_bytes"]),
+            releases=releases[: r + 1].tolist(), rng_states=states[: r + 1], sessions=True,
         ),
+        pending=events[split:],
+        logged_until=len(rows),
         chunk_rows=max(1, int(rows[:k].max()) if k else 1),
         resume_after=(int(units[k - 1]), int(items[k - 1])) if k else None,
     )
@@ -161,12 +176,14 @@ def redo(plan: ResumePlan, buf: LoggedSessions, rows: dict) -> list[dict]:
     if n - tail:
         buf.add({k: v[: n - tail] for k, v in rows.items()})
     buf.capacity = plan.capacity
+    buf.quiet = True  # the plan's log holds this release already (a state taken before the redo needs it)
     if info["kind"] == ADD:
         out = buf.add({k: v[n - tail :] for k, v in rows.items()})
     elif info["kind"] == SHRINK:
         out = buf.resize(info["capacity_after"], None if info["arg"] < 0 else info["arg"])
     else:
         out = buf.drain(info["arg"])
+    buf.quiet = False
     if not out:
         raise CheckpointError("resume: redoing the session release let nothing out (the data changed since the checkpoint?)")
     merged = {k: np.concatenate([c[k] for c in out]) for k in out[0]}
