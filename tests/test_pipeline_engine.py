@@ -312,3 +312,16 @@ def test_a_sequential_source_counts_its_cpu_but_not_its_wait_downstream():
     assert read.rows == 120
     assert sum(burned) * 0.9 <= read.cpu_s <= sum(burned) + 0.05  # before: 0
     assert read.blocked_s > 0.1  # the cheap chunks' wait for room is blocked time, not CPU
+
+
+def test_a_stopped_epoch_leaves_no_buffered_rows_in_any_stage():
+    # each stage forgets what it held of an ended epoch (its own detach): after an epoch stopped
+    # mid-way, the shuffle buffer and the batcher's partial batch no longer count as buffered
+    chunks = [{"id": np.arange(i * 100, (i + 1) * 100, dtype=np.int64)} for i in range(40)]
+    with intune.Pipeline.from_iterable(chunks).shuffle(buffer_rows=1000, seed=0).batch(64).prefetch(2) as pipe:
+        it = iter(pipe)
+        next(it)
+        assert pipe.metrics().stages["shuffle"].buffered_bytes > 0
+        it.close()
+        m = pipe.metrics()
+    assert m.buffered_bytes == 0 and all(s.buffered_bytes == 0 for s in m.stages.values()), m.stages

@@ -408,13 +408,7 @@ class Pipeline:
         """A cheap snapshot: per-stage counters and gauges, rows out, recent rate and step time."""
         c = self._consumer
         now = time.monotonic()
-        marks = tuple(c.marks)
-        current = (now, c.rows, c.step_sum, c.step_count)
-        base = next((m for m in reversed(marks) if now - m[0] >= 1.0), marks[0])
-        dt = now - base[0]
-        rate = (current[1] - base[1]) / dt if dt > 0 else 0.0
-        steps = current[3] - base[3]
-        step_s = (current[2] - base[2]) / steps if steps > 0 else 0.0
+        rate, step_s = c.recent(now)
         stages = {s.name: s.snapshot() for s in self._stages}
         return PipelineMetrics(
             time_s=now,
@@ -452,7 +446,9 @@ class Pipeline:
                 self._end_epoch(epoch)
                 raise
             assert channel is not None
-            return EpochIterator(self, epoch, channel, self._skipped_counts)
+            return EpochIterator(
+                epoch, channel, self._consumer, self._end_epoch, self.close, self._skipped_counts
+            )
 
     def _skipped_counts(self) -> dict[str, int]:
         """Chunks (and malformed lines) each stage has skipped so far, for the empty-epoch warning."""

@@ -4,9 +4,11 @@ Owns ``Epoch`` (one pass over the data: the stages' threads and channels, the st
 failure), ``EpochIterator`` (what ``iter(pipeline)`` returns: it raises a stage's failure with its
 own cause, ends the epoch at the end of data, raises ``PipelineClosedError`` when the epoch was
 stopped from outside (close, a newer epoch), warns when every row was skipped, and shuts the
-pipeline down on Ctrl-C) and the
-consumer-side counters behind ``rows_per_s`` and ``consumer_step_s``, and the epoch's position that
-``Pipeline.state_dict`` reads (rows and batches delivered, whether it completed). It must not build stages.
+pipeline down on Ctrl-C) and ``ConsumerStats`` (the consumer-side counters and the arithmetic behind
+``rows_per_s`` and ``consumer_step_s``), and the epoch's position that ``Pipeline.state_dict`` reads
+(rows and batches delivered, whether it completed). It must not build stages, and it reaches the
+pipeline only through what the pipeline hands the iterator (its consumer counters, how to end the
+epoch, how to close).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from intune.pipeline.errors import PipelineClosedError
 from intune.pipeline.pool import PoolRun
 
 if TYPE_CHECKING:
-    from intune.pipeline.engine import Pipeline
     from intune.pipeline.resume import ResumePlan, ShuffleLog
 
 
@@ -101,7 +102,12 @@ class Epoch:
 
 
 class ConsumerStats:
-    """Counters the consumer's thread updates in ``__next__``; read by ``metrics()`` without locks."""
+    """What the consumer's thread did, and the rates of its last second.
+
+    Owns the consumer-side counters (rows and batches taken, time waited on the pipeline, time the
+    training step took between two ``next()`` calls) and their arithmetic. The consumer's thread
+    writes (``stepped``, ``waited``, ``took``); ``metrics()`` reads (``recent``) without locks.
+    """
 
     def __init__(self) -> None:
         self.rows = 0
@@ -113,14 +119,48 @@ class ConsumerStats:
         self.marks: deque[tuple[float, int, float, int]] = deque(maxlen=12)
         self.marks.append((time.monotonic(), 0, 0.0, 0))
 
+    def stepped(self, seconds: float) -> None:
+        """The consumer came back after a training step of ``seconds``."""
+        self.step_sum += seconds
+        self.step_count += 1
+
+    def waited(self, seconds: float) -> None:
+        """The consumer waited ``seconds`` on the pipeline for a batch or for the epoch's end."""
+        self.wait_s += seconds
+
+    def took(self, rows: int, now: float) -> None:
+        """The consumer got a batch of ``rows``."""
+        self.rows += rows
+        self.batches += 1
+        if now - self.marks[-1][0] >= 0.25:
+            self.marks.append((now, self.rows, self.step_sum, self.step_count))
+
+    def recent(self, now: float) -> tuple[float, float]:
+        """``(rows/s, mean step seconds)`` over about the last second (since the oldest mark >= 1 s old)."""
+        marks = tuple(self.marks)
+        base = next((m for m in reversed(marks) if now - m[0] >= 1.0), marks[0])
+        dt = now - base[0]
+        rate = (self.rows - base[1]) / dt if dt > 0 else 0.0
+        steps = self.step_count - base[3]
+        step_s = (self.step_sum - base[2]) / steps if steps > 0 else 0.0
+        return rate, step_s
+
 
 class EpochIterator:
     """What ``iter(pipeline)`` returns: the consumer's end of the last channel."""
 
     def __init__(
-        self, pipe: Pipeline, epoch: Epoch, final: Channel, skipped: Callable[[], Mapping[str, int]]
+        self,
+        epoch: Epoch,
+        final: Channel,
+        consumer: ConsumerStats,
+        end_epoch: Callable[[Epoch], None],
+        close_pipeline: Callable[[], None],
+        skipped: Callable[[], Mapping[str, int]],
     ) -> None:
-        self._pipe = pipe
+        self._end_epoch = end_epoch  # the pipeline's: detach the stages once the epoch ended
+        self._close_pipeline = close_pipeline  # on an exception in the consumer (Ctrl-C)
+        self._consumer = consumer
         self._epoch = epoch
         self._final = final
         self._last_return: float | None = None
@@ -137,11 +177,10 @@ class EpochIterator:
             if self._closed_error is not None:
                 raise self._closed_error
             raise StopIteration
-        stats = self._pipe._consumer
+        stats = self._consumer
         t0 = time.monotonic()
         if self._last_return is not None:
-            stats.step_sum += t0 - self._last_return
-            stats.step_count += 1
+            stats.stepped(t0 - self._last_return)
         try:
             # a stopped epoch hands out nothing more, not even what is already buffered
             got = None if self._epoch.stop.is_set() else self._final.get()
@@ -149,7 +188,7 @@ class EpochIterator:
             got = None
         except BaseException:  # Ctrl-C in the consumer: shut everything down, then let it through
             self._done = True
-            self._pipe.close()
+            self._close_pipeline()
             raise
         if got is None:  # stopped: by a failure (raise it, with its own cause) or from outside
             self._finish()
@@ -160,7 +199,7 @@ class EpochIterator:
                 raise self._closed_error
             raise StopIteration
         now = time.monotonic()
-        stats.wait_s += now - t0
+        stats.waited(now - t0)
         if got is END:
             self._epoch.completed = True
             self._finish()
@@ -170,16 +209,13 @@ class EpochIterator:
         self._rows += item.rows
         self._epoch.delivered_rows += item.rows
         self._epoch.delivered_batches += 1
-        stats.rows += item.rows
-        stats.batches += 1
-        if now - stats.marks[-1][0] >= 0.25:
-            stats.marks.append((now, stats.rows, stats.step_sum, stats.step_count))
+        stats.took(item.rows, now)
         self._last_return = now
         return item.chunk
 
     def _finish(self) -> None:
         self._done = True
-        self._pipe._end_epoch(self._epoch)
+        self._end_epoch(self._epoch)
 
     def _stopped_message(self) -> str:
         why = (

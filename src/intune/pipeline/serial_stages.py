@@ -56,6 +56,11 @@ class ShuffleStage(Stage):
     def capacity(self, row_bytes: int) -> int:
         return max(1, min(self.buffer_rows, self._mb * MiB // max(1, row_bytes)))
 
+
+    def detach(self) -> None:
+        super().detach()
+        self._buffer = None
+
     def internal_bytes(self) -> int:
         buf = self._buffer
         return buf.nbytes if buf is not None else 0
@@ -247,6 +252,11 @@ class BatchStage(Stage):
         self.batch_rows = batch_rows
         self.drop_last = drop_last
         self._batcher: Batcher | None = None
+
+
+    def detach(self) -> None:
+        super().detach()
+        self._batcher = None
 
     def internal_bytes(self) -> int:
         b = self._batcher

@@ -124,10 +124,9 @@ class Stage:
         )
 
     def detach(self) -> None:
-        """Forget the ended epoch's channel and buffers (so their memory goes, and metrics say 0)."""
-        for attr in ("_out", "_run", "_buffer", "_batcher"):
-            if getattr(self, attr, None) is not None:
-                setattr(self, attr, None)
+        """Forget the ended epoch's output channel (so its memory goes, and metrics say 0); a stage
+        that holds more of an epoch (a pool's run, a buffer) forgets that too, in its own override."""
+        self._out = None
 
     def close(self) -> None:
         """Release what outlives an epoch (process workers)."""
@@ -220,6 +219,11 @@ class PooledStage(Stage):
         self.knobs.append(
             Knob(f"{name}.workers", "cpu", 1, max_workers, self._get_workers, self._set_workers)
         )
+
+
+    def detach(self) -> None:
+        super().detach()
+        self._run = None
 
     def _get_workers(self) -> int:
         return self._target
