@@ -346,7 +346,8 @@ def test_unsupported_pipelines_say_why_at_state_dict():
     chunks = [{"id": np.arange(i, i + 10)} for i in range(0, 100, 10)]
     cases = [
         (intune.Pipeline.from_iterable(chunks, deterministic=False).shuffle(50).batch(10), "deterministic=True"),
-        (intune.Pipeline.from_iterable(chunks).batch(10), "exactly one shuffle stage"),
+        (intune.Pipeline.from_iterable(chunks).map(plus_one), "with no shuffle a batch stage"),
+        (intune.Pipeline.from_iterable(chunks).shuffle(20).shuffle(30, name="again").batch(5), "one shuffle stage"),
     ]
     for pipe, fragment in cases:
         with pytest.raises(ResumeError, match=fragment):
@@ -521,3 +522,33 @@ def test_a_session_release_is_redone_exactly(kind):
     following = np.concatenate([c["id"] for c in first]) if first else np.empty(0, np.int64)
     assert np.array_equal(following, ids[delivered : delivered + len(following)])
     assert delivered + len(following) == releases[r, 0] + releases[r, 1]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_without_a_shuffle_the_input_resumes_in_order(parquet_dir, tmp_path, mode):
+    """No shuffle: the batch stage keeps the input log; a resume skips the delivered rows (the chunk that
+    holds the next row is sent again from that row on) and the batches are the uninterrupted ones."""
+
+    def build():
+        return (
+            intune.Pipeline.from_parquet(str(parquet_dir / "*.parquet"), chunk_rows=256)
+            .map(plus_one, name="before", mode=mode)
+            .batch(BATCH)
+            .map(plus_two, name="after")
+        )
+
+    reference = ids_of(build())
+    assert_same_order(np.concatenate(reference), np.arange(ROWS))
+    for k in (1, 33, 60):  # the second batch ends inside a 256-row chunk; batch 33 too; then the end
+        before, after = checkpoint_at(build, k, tmp_path / "ck")
+        again = resumed(build, tmp_path / "ck")
+        assert_same_batches(before + again, reference)
+    # and resumed again from a resumed run (the first resume at row 500, inside a chunk)
+    first, _ = checkpoint_at(build, 5, tmp_path / "a")
+    second = build()
+    second.load_state_dict(load_checkpoint(tmp_path / "a"))
+    it = iter(second)
+    middle = [np.asarray(next(it)["id"]).copy() for _ in range(5)]
+    save_checkpoint(tmp_path / "b", second.state_dict(), kind="pipeline")
+    second.close()
+    assert_same_batches(first + middle + resumed(build, tmp_path / "b"), reference)

@@ -34,6 +34,7 @@ from intune.pipeline.resume import (
     check_resumable,
     fingerprint,
     replay,
+    stream_replay,
 )
 from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
@@ -434,6 +435,9 @@ class Pipeline:
                 epoch.resume = plan
                 epoch.delivered_rows, epoch.delivered_batches = plan.rows, plan.batches
             self._last_epoch = epoch
+            batches = [s for s in self._stages if isinstance(s, BatchStage)]
+            if batches and not any(s.kind == "shuffle" for s in self._stages):
+                batches[0].logs_input = True  # no shuffle: the batch stage keeps the input log (``resume``)
             # counted before any stage starts: a fast stage may skip chunks before the iterator exists
             epoch.skipped_at_start = self._skipped_counts()
             self._epochs += 1
@@ -472,8 +476,8 @@ class Pipeline:
         the shuffle's log under its lock; the stages keep running, resizes included). A few KB plus 16
         bytes per input chunk the epoch has read so far; no row data. Before the first epoch, or after an
         epoch's end, it points at the start of the next epoch. Raises ``ResumeError`` for a pipeline a
-        checkpoint cannot resume exactly (``deterministic=False``, no shuffle stage, a custom stage, a map
-        before the shuffle that changed row counts; see docs/resume.md).
+        checkpoint cannot resume exactly (``deterministic=False``, neither a shuffle nor a batch stage, a
+        custom stage, a map before the shuffle that changed row counts; see docs/resume.md).
         """
         check_resumable(self)
         with self._lock:
@@ -535,8 +539,10 @@ class Pipeline:
         if rows:
             if state["shuffle"] is None:
                 raise CheckpointError(f"load_state_dict(): {rows} rows delivered but the state has no shuffle log")
-            shuffle = next(s for s in self._stages if s.kind == "shuffle")
-            if "releases" in state["shuffle"]:  # a session shuffle (RecD): redo the release at the position
+            shuffle = next((s for s in self._stages if s.kind == "shuffle"), None)
+            if shuffle is None:  # no shuffle: the input in order, the delivered rows skipped
+                plan = stream_replay(state["shuffle"], epoch, rows, "load_state_dict()")
+            elif "releases" in state["shuffle"]:  # a session shuffle (RecD): redo the release at the position
                 plan = session_replay(state["shuffle"], epoch, rows, "load_state_dict()")
             else:
                 plan = replay(state["shuffle"], shuffle.seed, epoch, rows, "load_state_dict()")

@@ -15,7 +15,8 @@ consumer's position (rows and batches delivered), and the shuffle's log: each in
 whose output crosses the consumer's position, gives the buffer's exact contents (ids in slot order) and
 the generator's state; a resume reads those rows again ("the refill"), and the source from the chunk
 after the last replayed one. A session shuffle (RecD) is resumed another way, by redoing one logged
-release (``session_resume``). See docs/resume.md.
+release (``session_resume``); a pipeline without a shuffle delivers its input in order, so its resume
+skips the delivered rows (``stream_replay``, the batch stage keeping the log). See docs/resume.md.
 """
 
 from __future__ import annotations
@@ -237,6 +238,32 @@ def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, wh
     return plan
 
 
+def stream_replay(log: Mapping[str, Any], epoch: int, delivered: int, where: str) -> ResumePlan:
+    """A pipeline without a shuffle delivers its input in order: the plan skips the first ``delivered``
+    rows (the chunk holding the next row is sent again from that row on, as refill)."""
+    units = np.asarray(log["units"], dtype=np.int64)
+    items = np.asarray(log["items"], dtype=np.int64)
+    rows = np.asarray(log["rows"], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(rows)])
+    if delivered > starts[-1]:
+        raise CheckpointError(f"{where}: the input log covers {int(starts[-1])} rows, fewer than the {delivered} delivered")
+    k = int(np.searchsorted(starts, delivered, side="right")) - 1  # the chunk holding row ``delivered``
+    if k < len(rows) and delivered > starts[k]:
+        kept = k + 1  # its tail is sent again
+        refill = {int(units[k]): {int(items[k]): (int(rows[k]), np.arange(delivered - starts[k], rows[k]))}}
+    else:
+        kept, refill = min(k, len(rows)), {}
+    return ResumePlan(
+        epoch=epoch,
+        rows=delivered,
+        batches=0,
+        refill=refill,
+        resume_after=(int(units[kept - 1]), int(items[kept - 1])) if kept else None,
+        next_id=int(starts[kept]),
+        log=ShuffleLog(units[:kept].tolist(), items[:kept].tolist(), rows[:kept].tolist(), [], int(log.get("row_bytes", 0))),
+    )
+
+
 def refill_map(
     units: np.ndarray, items: np.ndarray, rows: np.ndarray, starts: np.ndarray, needed: np.ndarray
 ) -> dict[int, dict[int, tuple[int, np.ndarray]]]:
@@ -374,10 +401,10 @@ def check_resumable(pipe: Pipeline) -> None:
         )
     kinds = [s.kind for s in pipe._stages]
     shuffles = [s for s in pipe._stages if s.kind == "shuffle"]
-    if len(shuffles) != 1:
+    if len(shuffles) > 1 or (not shuffles and "batch" not in kinds):
         raise ResumeError(
-            f"state_dict() needs exactly one shuffle stage (it records the epoch's input); this pipeline has "
-            f"{len(shuffles)} ({' -> '.join(kinds)}); add .shuffle() (a small buffer_rows if the order must stay)"
+            f"state_dict() needs one shuffle stage, or with no shuffle a batch stage (the stage that records "
+            f"the epoch's input); this pipeline is {' -> '.join(kinds)}"
         )
     known = {"read", "map", "shuffle", "batch", "prefetch"}
     for stage in pipe._stages:

@@ -252,6 +252,9 @@ class BatchStage(Stage):
         self.batch_rows = batch_rows
         self.drop_last = drop_last
         self._batcher: Batcher | None = None
+        # with no shuffle before it, the batch stage keeps the epoch's input log (``resume``): the
+        # pipeline sets this when an epoch starts
+        self.logs_input = False
 
 
     def detach(self) -> None:
@@ -270,6 +273,11 @@ class BatchStage(Stage):
         out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
         self._out = out
         batcher = self._batcher = Batcher(self.batch_rows, self.drop_last)
+        log: ShuffleLog | None = None
+        if self.logs_input:
+            plan: ResumePlan | None = getattr(epoch, "resume", None)
+            log = plan.log if plan is not None and plan.log is not None else ShuffleLog()
+            epoch.shuffle_log = log  # type: ignore[attr-defined]
 
         def wrap(pairs: list[tuple[dict, Origin]]) -> list[Item]:
             return [Item(c, o, num_rows(c), nbytes(c)) for c, o in pairs]
@@ -279,6 +287,9 @@ class BatchStage(Stage):
             if len(lengths) > 1:
                 sizes = {k: len(v) for k, v in item.chunk.items()}
                 raise PipelineError(f"stage {self.name!r}: input chunk has unequal column lengths {sizes}")
+            if log is not None and not (item.origin is not None and item.origin.refill):
+                # a resumed chunk's tail (refill) is in the log already, as the whole chunk
+                log.add(item.origin.read_at if item.origin is not None else None, item.rows, num_rows(item.chunk), self.name)
             try:
                 return wrap(batcher.add(item.chunk, item.origin))
             except ValueError as exc:
