@@ -22,7 +22,8 @@ from intune.pipeline.resume import DRAIN, INIT, RESIZE, ResumePlan, ShuffleLog
 from intune.pipeline.session_resume import DRAIN as SESSION_DRAIN
 from intune.pipeline.session_resume import LoggedSessions, redo
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
-from intune.pipeline.stages import EpochContext, MiB, Stage, sequential_loop
+from intune.pipeline.stages import EpochContext, Stage, sequential_loop
+from intune.units import MB
 
 
 class ShuffleStage(Stage):
@@ -54,7 +55,7 @@ class ShuffleStage(Stage):
         self._mb = value
 
     def capacity(self, row_bytes: int) -> int:
-        return max(1, min(self.buffer_rows, self._mb * MiB // max(1, row_bytes)))
+        return max(1, min(self.buffer_rows, self._mb * MB // max(1, row_bytes)))
 
 
     def detach(self) -> None:
@@ -332,7 +333,7 @@ class PrefetchStage(Stage):
         out = self._out
         if out is None:
             return 0.0
-        return min(1.0, max(out.items / self.depth, out.bytes / (self._mb * MiB)))
+        return min(1.0, max(out.items / self.depth, out.bytes / (self._mb * MB)))
 
     def held_out(self) -> Channel | None:
         return self._out  # also when it is the adopted channel of the stage before
@@ -344,11 +345,11 @@ class PrefetchStage(Stage):
             # after a one-thread stage (batch, shuffle), the prefetch buffer is that stage's output
             # channel with this stage's bounds: the same overlap, without a thread that only moves items
             # (each hand-over between threads costs a wake-up and a GIL switch per batch)
-            inp.adopt(lambda: self.depth, lambda: self._mb * MiB, stats)
+            inp.adopt(lambda: self.depth, lambda: self._mb * MB, stats)
             self._out = inp
             return inp
         out = epoch.channel(
-            f"{self.name}.out", max_items=lambda: self.depth, max_bytes=lambda: self._mb * MiB
+            f"{self.name}.out", max_items=lambda: self.depth, max_bytes=lambda: self._mb * MB
         )
         self._out = out
         epoch.spawn(lambda: sequential_loop(stats, inp, out, lambda item: [item], lambda: []), self.name)

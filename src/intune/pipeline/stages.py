@@ -32,7 +32,6 @@ from intune.pipeline.schema import Schema
 from intune.pipeline.sources import Source
 from intune.pipeline.stats import StageStats, WorkerStats
 
-MiB = 1 << 20
 STALL_AFTER_S = 30.0
 """A stage whose oldest work in hand has made no progress for this long is reported as stalled
 (``Pipeline(stall_after_s=...)``); a tuner gives such a stage no more workers (it is hung, not slow)."""

@@ -155,9 +155,9 @@ class AllocationMemory:
         limit (the policy asks more than once).
 
         The limit keeps out what cannot be reached again: over-allocated after a shrink, the runner lets
-        the workers in place run but grants no increase past the CPUs, so a vector read then (seen in the
-        simulator: 40 workers on 32 CPUs, above anything 32 workers do) would stay "best" and block every
-        other move until it expired."""
+        the workers in place run but grants no increase past the CPUs, so a vector read then (more
+        workers than the CPUs now allow, above anything the allowed count does) would stay "best" and
+        block every other move until it expired."""
         key = (self.tick, most_workers)
         if self._best is not None and self._best[0] == key:
             return self._best[1]

@@ -60,7 +60,7 @@ class SafetyLayer:
         self.margin = margin
         # what ``trim`` fits the buffers under: lower than ``margin``, because the projection (what is
         # used outside the buffers now + each buffer full) misses memory that only comes once data
-        # flows (live: about 20% of a 1 GB limit beyond the projection when the tuned job was killed)
+        # flows (a process worker's first chunks, allocator slack)
         self.trim_margin = margin if trim_margin is None else min(margin, trim_margin)
         self._is_cpu = np.array([k.unit == "cpu" for k in self.knobs])
         self._stages = [k.stage for k in self.knobs]
@@ -175,9 +175,8 @@ class SafetyLayer:
         clearly above zero.
 
         The change-based fit uses each reading twice and, with one +1 a tick, only the first and last
-        readings carry the slope: behind a 30 GB base whose reading moves 0.6 GB a tick, a 0.15 GB
-        worker stays unmeasured for dozens of ticks (the simulator's production under 48 GB grew one
-        worker a tick for 9 ticks with 27 CPUs free). Fitted on levels, the ramp itself measures it.
+        readings carry the slope: behind a large base whose reading's noise exceeds a worker's cost, a
+        worker stays unmeasured for dozens of ticks. Fitted on levels, the ramp itself measures it.
         The error uses the fit's residuals, never less than the memory reading's noise.
         """
         n = len(self._levels)
@@ -210,9 +209,8 @@ class SafetyLayer:
         never less than ``worker_memory_bytes``, and ``PROBE_WORKER_BYTES`` for a stage whose workers
         have not moved yet. (Buffer knobs: 1 MB.)
 
-        One slope for every stage under-prices the expensive ones: in 2 of 1,000 tight-memory episodes,
-        several stages jumped +5 at once onto 84-253 MB process workers priced at a slope learned mostly
-        from 6-36 MB threads, and the job was killed. Here each stage's slope is a least-squares fit of
+        One slope for every stage under-prices the expensive ones: a slope learned mostly from light
+        thread workers prices a +5 onto heavy process workers far too low. Here each stage's slope is a least-squares fit of
         the memory changes on the per-stage worker changes (ridge-regularised, so stages that always
         moved together share a wide error), plus two standard errors.
         """
