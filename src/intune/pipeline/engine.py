@@ -1,7 +1,8 @@
 """The ``Pipeline``: the builder users chain, its knobs and metrics, and the epochs it runs.
 
 Owns the public API (``from_parquet`` / ``from_iterable`` / ``from_criteo_tsv``, ``shuffle``, ``map``,
-``map_rows``, ``batch``, ``prefetch``, iteration, ``to_tf_dataset``, ``knobs``, ``metrics``, ``close``),
+``map_rows``, ``batch``, ``prefetch``, iteration, ``to_tf_dataset``, ``knobs``, ``metrics``, ``close``,
+``state_dict`` / ``load_state_dict``, whose rules live in ``resume``),
 starting and ending epochs (``epoch`` runs them) and shutdown. Builder methods append a stage and
 return the same pipeline. It must not contain stage algorithms (``stages``, ``shuffle``, ``batcher``,
 ``row_map``), source formats or sharding (``sources``, ``criteo``, ``sharding``) or adapters
