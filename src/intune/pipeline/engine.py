@@ -507,7 +507,7 @@ class Pipeline:
             log = epoch.shuffle_log
             if log is None:
                 raise ResumeError(f"epoch {epoch.index} has no shuffle log to resume from")
-            state["shuffle"] = log.snapshot()
+            state["shuffle"] = log.snapshot(rows)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -97,6 +97,8 @@ class ShuffleStage(Stage):
             "drained": any(e[1] == DRAIN for e in log.events),
             "refilled": plan is None,
             "refill": [],
+            "emitted": plan.rows if plan is not None else 0,  # rows let out so far, epoch-global
+            "anchor_k": len(log.rows),  # chunks added when the last anchor was taken
         }
         table = epoch.table
         if plan is not None:
@@ -106,6 +108,7 @@ class ShuffleStage(Stage):
             items = []
             for chunk in chunks:
                 ids = chunk.pop(IDS)
+                state["emitted"] += len(ids)
                 items.append(Item(chunk, Origin((), ids, table), len(ids), nbytes(chunk)))
             return items
 
@@ -213,6 +216,12 @@ class ShuffleStage(Stage):
                 released += buf.add(chunk)
             except ValueError as exc:
                 raise PipelineError(f"stage {self.name!r}: {exc}") from None
+            if isinstance(buf, ShuffleBuffer) and len(log.rows) - state["anchor_k"] >= max(1, buf.capacity // state["chunk_rows"]):
+                # about a buffer's worth of input since the last anchor: the buffer after this step, so a
+                # deep resume replays from here (``resume.ANCHOR_MIN_CHUNKS``); a copy of its ids only
+                state["anchor_k"] = len(log.rows)
+                emitted = state["emitted"] + sum(len(c[IDS]) for c in released)
+                log.anchor(emitted, rng, buf.capacity, buf._buf[IDS][: buf.size].copy() if buf.size else np.empty(0, np.int64))
             return emit(released)
 
         def on_idle() -> list[Item]:
