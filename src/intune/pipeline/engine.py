@@ -479,7 +479,8 @@ class Pipeline:
 
         Take it from the training loop between two batches (it reads the consumer's counters, then copies
         the shuffle's log under its lock; the stages keep running, resizes included). A few KB plus 16
-        bytes per input chunk the epoch has read so far; no row data. Before the first epoch, or after an
+        bytes per input chunk the epoch has read so far, and deep into an epoch an anchor of 4 bytes per
+        buffered row (``resume.ANCHOR_MIN_CHUNKS``); no row data. Before the first epoch, or after an
         epoch's end, it points at the start of the next epoch. Raises ``ResumeError`` for a pipeline a
         checkpoint cannot resume exactly (``deterministic=False``, neither a shuffle nor a batch stage, a
         custom stage, a map before the shuffle that changed row counts; see docs/resume.md).
