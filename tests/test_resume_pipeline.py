@@ -574,10 +574,36 @@ def test_a_deep_state_carries_an_anchor_and_replays_from_it(parquet_dir, tmp_pat
         return
     assert anchor is not None and 0 < anchor["emitted"] <= state["rows"]
     assert anchor["ids"].dtype == np.uint32 and len(anchor["ids"]) == 900
-    # the log before the anchor cannot matter: damage the steps before it, the resume is unchanged
-    state["shuffle"]["events"][0, 2] = 17  # the buffer's first capacity
+    # the log before the anchor is not needed: the state keeps only the chunks from the one holding the
+    # anchor's oldest row, and the steps after the anchor
+    assert state["shuffle"]["first_event"] > 0  # the buffer's creation, before the anchor, is left out
     pipe = parquet_pipeline(parquet_dir)
     pipe.load_state_dict(state)
     again = ids_of(pipe)
     pipe.close()
     assert_same_batches(again, after)
+
+
+def test_a_state_with_an_anchor_leaves_out_the_chunks_before_it(tmp_path, replay_origin):
+    """A small buffer far into the epoch: no row of the early chunks is buffered any more, so the state
+    keeps only the chunks from the one holding the anchor's oldest row; resumed twice, it still gives the
+    uninterrupted batches."""
+    if replay_origin == "from the start":
+        return
+    chunks = [{"id": np.arange(i, i + 50)} for i in range(0, 6000, 50)]
+
+    def build():
+        return intune.Pipeline.from_iterable(chunks).shuffle(buffer_rows=100, seed=8).batch(100)
+
+    reference = ids_of(build())
+    before, _ = checkpoint_at(build, 40, tmp_path / "a")
+    state = load_checkpoint(tmp_path / "a")
+    assert state["shuffle"]["first_chunk"] > 40 and len(state["shuffle"]["rows"]) < 40
+    for k in (0, 7):  # at once (the resumed run has no anchor of its own yet: it keeps the one it started from)
+        second = build()
+        second.load_state_dict(state)
+        it = iter(second)
+        middle = [np.asarray(next(it)["id"]).copy() for _ in range(k)]
+        save_checkpoint(tmp_path / "b", second.state_dict(), kind="pipeline")
+        second.close()
+        assert_same_batches(before + middle + resumed(build, tmp_path / "b"), reference)

@@ -190,12 +190,14 @@ def replay_depth(positions: Sequence[int]) -> list[dict[str, Any]]:
         again = replay(anchored, 0, 0, delivered, "bench")
         from_anchor = time.perf_counter() - t0
         assert np.array_equal(again.buffer_ids, plan.buffer_ids)
+        kept = k - int(at.buffer_ids.min()) // CHUNK_ROWS  # a state with the anchor keeps the chunks from its oldest row
         out.append({
             "position_rows": k * CHUNK_ROWS,
             "replay_s": from_start,
             "replay_from_anchor_s": from_anchor,
             "refill_rows_to_read": int(sum(CHUNK_ROWS * len(v) for v in plan.refill.values())),
-            "checkpoint_log_bytes": 16 * k,
+            "log_bytes_without_anchor": 16 * k,
+            "log_bytes_with_anchor": 16 * kept,
             "anchor_bytes": 4 * len(at.buffer_ids),
         })
     return out
