@@ -14,9 +14,19 @@ import pytest
 import intune
 from _exactly_once import assert_exactly_once, assert_same_order
 from intune.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from intune.pipeline import resume
 from intune.pipeline.resume import ResumeError
 
 ROWS, BATCH = 6000, 100
+
+
+@pytest.fixture(autouse=True, params=["from the start", "from an anchor"])
+def replay_origin(request, monkeypatch):
+    """Every test twice: states replayed from the epoch's start, and states that carry an anchor (the
+    buffer's ids and generator a buffer's worth of input back; only deep states do by default)."""
+    if request.param == "from an anchor":
+        monkeypatch.setattr(resume, "ANCHOR_MIN_CHUNKS", 0)
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -380,7 +390,8 @@ def test_state_dict_is_small_and_holds_no_rows(parquet_dir, tmp_path):
     size = (tmp_path / "ck").stat().st_size
     state = load_checkpoint(tmp_path / "ck")
     chunks = len(state["shuffle"]["rows"])
-    assert size < 4096 + 16 * chunks
+    anchor = state["shuffle"].get("anchor")
+    assert size < 4096 + 16 * chunks + (4 * len(anchor["ids"]) if anchor is not None else 0)
     assert state["rows"] == 30 * BATCH and state["batches"] == 30
 
 
@@ -552,3 +563,47 @@ def test_without_a_shuffle_the_input_resumes_in_order(parquet_dir, tmp_path, mod
     save_checkpoint(tmp_path / "b", second.state_dict(), kind="pipeline")
     second.close()
     assert_same_batches(first + middle + resumed(build, tmp_path / "b"), reference)
+
+
+def test_a_deep_state_carries_an_anchor_and_replays_from_it(parquet_dir, tmp_path, replay_origin):
+    before, after = checkpoint_at(lambda: parquet_pipeline(parquet_dir), 40, tmp_path / "ck")
+    state = load_checkpoint(tmp_path / "ck")
+    anchor = state["shuffle"].get("anchor")
+    if replay_origin == "from the start":
+        assert anchor is None  # 40 batches are far below ANCHOR_MIN_CHUNKS
+        return
+    assert anchor is not None and 0 < anchor["emitted"] <= state["rows"]
+    assert anchor["ids"].dtype == np.uint32 and len(anchor["ids"]) == 900
+    # the log before the anchor is not needed: the state keeps only the chunks from the one holding the
+    # anchor's oldest row, and the steps after the anchor
+    assert state["shuffle"]["first_event"] > 0  # the buffer's creation, before the anchor, is left out
+    pipe = parquet_pipeline(parquet_dir)
+    pipe.load_state_dict(state)
+    again = ids_of(pipe)
+    pipe.close()
+    assert_same_batches(again, after)
+
+
+def test_a_state_with_an_anchor_leaves_out_the_chunks_before_it(tmp_path, replay_origin):
+    """A small buffer far into the epoch: no row of the early chunks is buffered any more, so the state
+    keeps only the chunks from the one holding the anchor's oldest row; resumed twice, it still gives the
+    uninterrupted batches."""
+    if replay_origin == "from the start":
+        return
+    chunks = [{"id": np.arange(i, i + 50)} for i in range(0, 6000, 50)]
+
+    def build():
+        return intune.Pipeline.from_iterable(chunks).shuffle(buffer_rows=100, seed=8).batch(100)
+
+    reference = ids_of(build())
+    before, _ = checkpoint_at(build, 40, tmp_path / "a")
+    state = load_checkpoint(tmp_path / "a")
+    assert state["shuffle"]["first_chunk"] > 40 and len(state["shuffle"]["rows"]) < 40
+    for k in (0, 7):  # at once (the resumed run has no anchor of its own yet: it keeps the one it started from)
+        second = build()
+        second.load_state_dict(state)
+        it = iter(second)
+        middle = [np.asarray(next(it)["id"]).copy() for _ in range(k)]
+        save_checkpoint(tmp_path / "b", second.state_dict(), kind="pipeline")
+        second.close()
+        assert_same_batches(before + middle + resumed(build, tmp_path / "b"), reference)

@@ -12,12 +12,13 @@ def test_bench_resume_is_a_command():
 
 
 def test_replay_depth_reports_the_log_size_and_the_refill():
-    (row,) = bench.replay_depth([40 * bench.CHUNK_ROWS])
-    assert row["position_rows"] == 40 * bench.CHUNK_ROWS
-    assert row["checkpoint_log_bytes"] == 16 * 40
+    (row,) = bench.replay_depth([80 * bench.CHUNK_ROWS])  # the replay from an anchor is checked inside
+    assert row["position_rows"] == 80 * bench.CHUNK_ROWS
+    assert row["log_bytes_without_anchor"] == 16 * 80 and 0 < row["log_bytes_with_anchor"] <= 16 * 80
+    assert row["anchor_bytes"] == 4 * bench.BUFFER_ROWS
     # the buffer's rows lie in the chunks read so far, so the refill reads at most all of them
-    assert bench.BUFFER_ROWS <= row["refill_rows_to_read"] <= 40 * bench.CHUNK_ROWS
-    assert row["replay_s"] >= 0
+    assert bench.BUFFER_ROWS <= row["refill_rows_to_read"] <= 80 * bench.CHUNK_ROWS
+    assert row["replay_s"] >= 0 and row["replay_from_anchor_s"] >= 0
 
 
 def test_summary_ratios_are_per_round():

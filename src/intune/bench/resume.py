@@ -158,8 +158,10 @@ def one_round(pattern: str, folder: str, at: int, measure: int, state_repeats: i
 
 
 def replay_depth(positions: Sequence[int]) -> list[dict[str, Any]]:
-    """The replay alone on synthetic logs (8192-row chunks, 200k buffer) that deep into an epoch."""
-    from intune.pipeline.resume import replay
+    """The replay alone on synthetic logs (8192-row chunks, 200k buffer) that deep into an epoch: from
+    the epoch's start, and from an anchor a buffer's worth of input before the position (what a state
+    that deep carries, ``resume.ANCHOR_MIN_CHUNKS``; built here by an untimed replay to it)."""
+    from intune.pipeline.resume import replay, rng_state
 
     out = []
     for rows in positions:
@@ -171,13 +173,32 @@ def replay_depth(positions: Sequence[int]) -> list[dict[str, Any]]:
             "events": np.array([[0, 0, BUFFER_ROWS, 0]]),
             "row_bytes": 284,
         }
+        delivered = k * CHUNK_ROWS - BUFFER_ROWS
         t0 = time.perf_counter()
-        plan = replay(log, 0, 0, k * CHUNK_ROWS - BUFFER_ROWS, "bench")
+        plan = replay(log, 0, 0, delivered, "bench")
+        from_start = time.perf_counter() - t0
+        at = replay(log, 0, 0, delivered - BUFFER_ROWS, "bench")  # the anchor: the buffer one buffer back
+        assert at.log is not None and at.rng is not None and at.buffer_ids is not None
+        anchored = {
+            **log,
+            "anchor": {
+                "k": len(at.log.rows), "e": len(at.log.events), "emitted": at.rows + len(at.straddle_ids),
+                "rng": rng_state(at.rng), "capacity": at.capacity, "base": 0, "ids": at.buffer_ids,
+            },
+        }
+        t0 = time.perf_counter()
+        again = replay(anchored, 0, 0, delivered, "bench")
+        from_anchor = time.perf_counter() - t0
+        assert np.array_equal(again.buffer_ids, plan.buffer_ids)
+        kept = k - int(at.buffer_ids.min()) // CHUNK_ROWS  # a state with the anchor keeps the chunks from its oldest row
         out.append({
             "position_rows": k * CHUNK_ROWS,
-            "replay_s": time.perf_counter() - t0,
+            "replay_s": from_start,
+            "replay_from_anchor_s": from_anchor,
             "refill_rows_to_read": int(sum(CHUNK_ROWS * len(v) for v in plan.refill.values())),
-            "checkpoint_log_bytes": 16 * k,
+            "log_bytes_without_anchor": 16 * k,
+            "log_bytes_with_anchor": 16 * kept,
+            "anchor_bytes": 4 * len(at.buffer_ids),
         })
     return out
 
@@ -280,8 +301,10 @@ def markdown_report(summary: dict, depth: list, settings: dict, quick: bool, com
         md_report.section("Checkpoint and resume", rows=summary_rows(summary)),
         md_report.section(
             "Replay cost against the position in the epoch (synthetic logs, 8192-row chunks)",
-            text=["The replay runs every shuffle step since the epoch's start on row ids; the refill reads "
-                  "the chunks that hold the buffer's rows (the oldest are about ln(200k) buffers back)."],
+            text=["The replay runs every shuffle step since the epoch's start on row ids, or since the anchor a "
+                  "state carries from 2048 chunks into an epoch on (the buffer's ids and generator about a "
+                  "buffer's worth of input back: anchor_bytes more in the state); the refill reads the chunks "
+                  "that hold the buffer's rows (the oldest are about ln(200k) buffers back)."],
             rows=depth,
         ),
     ]

@@ -1,7 +1,8 @@
 """The ``Pipeline``: the builder users chain, its knobs and metrics, and the epochs it runs.
 
 Owns the public API (``from_parquet`` / ``from_iterable`` / ``from_criteo_tsv``, ``shuffle``, ``map``,
-``map_rows``, ``batch``, ``prefetch``, iteration, ``to_tf_dataset``, ``knobs``, ``metrics``, ``close``),
+``map_rows``, ``batch``, ``prefetch``, iteration, ``to_tf_dataset``, ``knobs``, ``metrics``, ``close``,
+``state_dict`` / ``load_state_dict``, whose rules live in ``resume``),
 starting and ending epochs (``epoch`` runs them) and shutdown. Builder methods append a stage and
 return the same pipeline. It must not contain stage algorithms (``stages``, ``shuffle``, ``batcher``,
 ``row_map``), source formats or sharding (``sources``, ``criteo``, ``sharding``) or adapters
@@ -474,7 +475,8 @@ class Pipeline:
 
         Take it from the training loop between two batches (it reads the consumer's counters, then copies
         the shuffle's log under its lock; the stages keep running, resizes included). A few KB plus 16
-        bytes per input chunk the epoch has read so far; no row data. Before the first epoch, or after an
+        bytes per input chunk the epoch has read so far, and deep into an epoch an anchor of 4 bytes per
+        buffered row (``resume.ANCHOR_MIN_CHUNKS``); no row data. Before the first epoch, or after an
         epoch's end, it points at the start of the next epoch. Raises ``ResumeError`` for a pipeline a
         checkpoint cannot resume exactly (``deterministic=False``, neither a shuffle nor a batch stage, a
         custom stage, a map before the shuffle that changed row counts; see docs/resume.md).
@@ -502,7 +504,7 @@ class Pipeline:
             log = epoch.shuffle_log
             if log is None:
                 raise ResumeError(f"epoch {epoch.index} has no shuffle log to resume from")
-            state["shuffle"] = log.snapshot()
+            state["shuffle"] = log.snapshot(rows)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

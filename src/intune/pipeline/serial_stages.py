@@ -18,7 +18,7 @@ from intune.pipeline.batcher import Batcher
 from intune.pipeline.channel import Channel, Item
 from intune.pipeline.chunks import Origin, nbytes, num_rows
 from intune.pipeline.errors import PipelineError
-from intune.pipeline.resume import DRAIN, INIT, RESIZE, ResumePlan, ShuffleLog
+from intune.pipeline.resume import ANCHOR_MIN_SPACING, DRAIN, INIT, RESIZE, ResumePlan, ShuffleLog
 from intune.pipeline.session_resume import DRAIN as SESSION_DRAIN
 from intune.pipeline.session_resume import LoggedSessions, redo
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
@@ -103,6 +103,8 @@ class ShuffleStage(Stage):
             "drained": any(e[1] == DRAIN for e in log.events),
             "refilled": plan is None,
             "refill": [],
+            "emitted": plan.rows if plan is not None else 0,  # rows let out so far, epoch-global
+            "anchor_k": log.position,  # chunks added when the last anchor was taken
         }
         table = epoch.table
         if plan is not None:
@@ -112,6 +114,7 @@ class ShuffleStage(Stage):
             items = []
             for chunk in chunks:
                 ids = chunk.pop(IDS)
+                state["emitted"] += len(ids)
                 items.append(Item(chunk, Origin((), ids, table), len(ids), nbytes(chunk)))
             return items
 
@@ -195,7 +198,7 @@ class ShuffleStage(Stage):
             if IDS in chunk:
                 raise PipelineError(f"stage {self.name!r}: column name {IDS!r} is reserved")
             rows = num_rows(chunk)  # the chunk's own length (a map upstream may have changed it)
-            position = len(log.rows)  # chunks added before this one
+            position = log.position  # chunks added before this one
             if not live(position):
                 released += apply_pending(position)
             if not state["row_bytes"]:  # the buffer's row: the chunk's columns and the 8-byte row id
@@ -219,18 +222,25 @@ class ShuffleStage(Stage):
                 released += buf.add(chunk)
             except ValueError as exc:
                 raise PipelineError(f"stage {self.name!r}: {exc}") from None
+            spacing = max(ANCHOR_MIN_SPACING, buf.capacity // state["chunk_rows"])
+            if isinstance(buf, ShuffleBuffer) and log.position - state["anchor_k"] >= spacing:
+                # about a buffer's worth of input since the last anchor: the buffer after this step, so a
+                # deep resume replays from here (``resume.ANCHOR_MIN_CHUNKS``); a copy of its ids only
+                state["anchor_k"] = log.position
+                emitted = state["emitted"] + sum(len(c[IDS]) for c in released)
+                log.anchor(emitted, rng, buf.capacity, buf._buf[IDS][: buf.size].copy() if buf.size else np.empty(0, np.int64))
             return emit(released)
 
         def on_idle() -> list[Item]:
             buf = state["buffer"]
-            if buf is None or not state["refilled"] or not live(len(log.rows)):
+            if buf is None or not state["refilled"] or not live(log.position):
                 return []
             return emit(resize(buf, self.capacity(state["row_bytes"])))
 
         def on_end() -> list[Item]:
             released = [] if state["refilled"] else finish_refill()
             if log.pending:
-                released += apply_pending(len(log.rows))
+                released += apply_pending(log.position)
             buf = state["buffer"]
             if buf is not None and not state["drained"]:
                 log.event(DRAIN, state["chunk_rows"])

@@ -24,29 +24,10 @@ import numpy as np
 
 from intune.checkpoint import CheckpointError
 from intune.pipeline.chunks import num_rows
-from intune.pipeline.resume import ResumePlan, ShuffleLog, refill_map, steps
+from intune.pipeline.resume import ResumePlan, ShuffleLog, generator_at, refill_map, rng_state, steps
 
 ADD, SHRINK, DRAIN = 0, 1, 2
 _BIG = 1 << 62
-
-
-def rng_state(rng: np.random.Generator) -> list[int]:
-    """A PCG64 generator's state as four integers (what ``set_rng_state`` takes back)."""
-    state = rng.bit_generator.state
-    if state.get("bit_generator") != "PCG64":
-        raise ValueError(f"session shuffle resume needs a PCG64 generator, got {state.get('bit_generator')}")
-    return [int(state["state"]["state"]), int(state["state"]["inc"]), int(state["has_uint32"]), int(state["uinteger"])]
-
-
-def generator_at(values: list[int]) -> np.random.Generator:
-    rng = np.random.default_rng()
-    rng.bit_generator.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": int(values[0]), "inc": int(values[1])},
-        "has_uint32": int(values[2]),
-        "uinteger": int(values[3]),
-    }
-    return rng
 
 
 class LoggedSessions:
