@@ -324,7 +324,7 @@ def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, wh
     capacity = 0
     if buf is not None:
         capacity = buf.capacity
-        buffer_ids = buf._buf[IDS][: buf.size].copy() if buf.size else np.empty(0, np.int64)
+        buffer_ids = buf.column_copy(IDS)
     needed = np.sort(np.concatenate([buffer_ids if buffer_ids is not None else np.empty(0, np.int64), straddle]))
     if len(needed) and needed[0] < first_id:
         raise CheckpointError(f"{where}: the shuffle log was cut after a row the buffer still holds")

@@ -18,7 +18,7 @@ from intune.pipeline.batcher import Batcher
 from intune.pipeline.channel import Channel, Item
 from intune.pipeline.chunks import Origin, nbytes, num_rows
 from intune.pipeline.errors import PipelineError
-from intune.pipeline.resume import ANCHOR_MIN_SPACING, DRAIN, INIT, RESIZE, ResumePlan, ShuffleLog
+from intune.pipeline.resume import ANCHOR_MIN_SPACING, DRAIN, INIT, RESIZE, ShuffleLog
 from intune.pipeline.session_resume import DRAIN as SESSION_DRAIN
 from intune.pipeline.session_resume import LoggedSessions, redo
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
@@ -57,7 +57,6 @@ class ShuffleStage(Stage):
     def capacity(self, row_bytes: int) -> int:
         return max(1, min(self.buffer_rows, self._mb * MB // max(1, row_bytes)))
 
-
     def detach(self) -> None:
         super().detach()
         self._buffer = None
@@ -89,10 +88,10 @@ class ShuffleStage(Stage):
         assert inp is not None
         out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
         self._out = out
-        plan: ResumePlan | None = getattr(epoch, "resume", None)
+        plan = epoch.resume
         rng = plan.rng if plan is not None and plan.rng is not None else np.random.default_rng([self.seed, epoch.index])
         log = plan.log if plan is not None and plan.log is not None else ShuffleLog()
-        epoch.shuffle_log = log  # type: ignore[attr-defined]
+        epoch.shuffle_log = log
         if plan is not None:
             log.pending = list(plan.pending)  # steps the checkpointed run had taken ahead of its consumer
         logged_until = plan.logged_until if plan is not None else 0
@@ -228,7 +227,7 @@ class ShuffleStage(Stage):
                 # deep resume replays from here (``resume.ANCHOR_MIN_CHUNKS``); a copy of its ids only
                 state["anchor_k"] = log.position
                 emitted = state["emitted"] + sum(len(c[IDS]) for c in released)
-                log.anchor(emitted, rng, buf.capacity, buf._buf[IDS][: buf.size].copy() if buf.size else np.empty(0, np.int64))
+                log.anchor(emitted, rng, buf.capacity, buf.column_copy(IDS))
             return emit(released)
 
         def on_idle() -> list[Item]:
@@ -267,7 +266,6 @@ class BatchStage(Stage):
         # pipeline sets this when an epoch starts
         self.logs_input = False
 
-
     def detach(self) -> None:
         super().detach()
         self._batcher = None
@@ -286,9 +284,9 @@ class BatchStage(Stage):
         batcher = self._batcher = Batcher(self.batch_rows, self.drop_last)
         log: ShuffleLog | None = None
         if self.logs_input:
-            plan: ResumePlan | None = getattr(epoch, "resume", None)
+            plan = epoch.resume
             log = plan.log if plan is not None and plan.log is not None else ShuffleLog()
-            epoch.shuffle_log = log  # type: ignore[attr-defined]
+            epoch.shuffle_log = log
 
         def wrap(pairs: list[tuple[dict, Origin]]) -> list[Item]:
             return [Item(c, o, num_rows(c), nbytes(c)) for c, o in pairs]

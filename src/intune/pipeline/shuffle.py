@@ -143,6 +143,11 @@ class ShuffleBuffer:
         self.size = 0
         return out
 
+    def column_copy(self, name: str) -> np.ndarray:
+        """A copy of the rows one column holds, in slot order (a resume's record of the buffer's ids)."""
+        column = self._buf.get(name)
+        return column[: self.size].copy() if column is not None and self.size else np.empty(0, np.int64)
+
     def restore(self, rows: Chunk) -> None:
         """Hold ``rows`` in slots ``0..n-1`` (a resume rebuilding a buffer whose slot order a replay
         found, ``resume.replay``); the generator must be the one the replay advanced, so that the

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from intune.pipeline.procworker import SLOTS, ProcessWorker, RemoteError
 from intune.pipeline.schema import Schema
 from intune.pipeline.sources import Source
 from intune.pipeline.stats import StageStats, WorkerStats
+
+if TYPE_CHECKING:
+    from intune.pipeline.resume import ResumePlan, ShuffleLog
 
 STALL_AFTER_S = 30.0
 """A stage whose oldest work in hand has made no progress for this long is reported as stalled
@@ -46,6 +49,8 @@ class EpochContext(Protocol):
     pools: list[PoolRun]
     stop: threading.Event
     table: RowTable
+    resume: ResumePlan | None  # the plan a resumed epoch follows (``resume``), else None
+    shuffle_log: ShuffleLog | None  # the log a shuffle (or a shuffle-less batch stage) keeps for state_dict
 
     def fail(self, exc: BaseException) -> None: ...
     def spawn(self, target: Callable[[], None], name: str) -> None: ...
@@ -219,7 +224,6 @@ class PooledStage(Stage):
             Knob(f"{name}.workers", "cpu", 1, max_workers, self._get_workers, self._set_workers)
         )
 
-
     def detach(self) -> None:
         super().detach()
         self._run = None
@@ -280,7 +284,7 @@ class ReadStage(PooledStage):
         before that point are read only to take their refill rows (the documented cost of a source
         without random access).
         """
-        plan = getattr(epoch, "resume", None)
+        plan = epoch.resume
         refill = plan.refill if plan is not None else {}
         after = plan.resume_after if plan is not None else None
         if not self.source.parallel:

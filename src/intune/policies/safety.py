@@ -179,20 +179,34 @@ class SafetyLayer:
         worker stays unmeasured for dozens of ticks. Fitted on levels, the ramp itself measures it.
         The error uses the fit's residuals, never less than the memory reading's noise.
         """
-        n = len(self._levels)
-        if n < LEVEL_MIN_POINTS:
+        fit = self._level_fit(obs)
+        if fit is None or fit[0] < LEVEL_MIN_POINTS or fit[3] <= 0:
             return None
-        # plain sums: 32 points a tick, where numpy's per-call cost would dominate
-        w_mean = sum(p[0] for p in self._levels) / n
-        m_mean = sum(p[1] for p in self._levels) / n
-        sxx = sum((p[0] - w_mean) ** 2 for p in self._levels)
-        if sxx <= 0:
-            return None
-        slope = sum((p[0] - w_mean) * (p[1] - m_mean) for p in self._levels) / sxx
-        rss = sum((p[1] - m_mean - slope * (p[0] - w_mean)) ** 2 for p in self._levels)
-        sigma = max(math.sqrt(rss / (n - 2)), self._noise(obs) / math.sqrt(2.0))
+        _, _, _, sxx, slope, sigma = fit
         error = 2.0 * sigma / math.sqrt(sxx)
         return slope + error if slope - error > 0 else None
+
+    def _level_fit(self, obs: Observation) -> tuple[int, float, float, float, float, float] | None:
+        """Least squares of memory outside buffers on the worker count over the recent levels:
+        ``(points, mean workers, mean memory, sum of squared worker deviations, slope, sigma)``, with
+        the slope 0 while the workers did not vary and sigma the residuals' standard deviation, never
+        less than one reading's noise (that noise alone below three points); None without levels."""
+        levels = self._levels
+        n = len(levels)
+        if not n:
+            return None
+        # plain sums: 32 points a tick, where numpy's per-call cost would dominate
+        w_mean = sum(p[0] for p in levels) / n
+        m_mean = sum(p[1] for p in levels) / n
+        sxx = sum((p[0] - w_mean) ** 2 for p in levels)
+        slope = sum((p[0] - w_mean) * (p[1] - m_mean) for p in levels) / sxx if sxx > 0 else 0.0
+        reading = self._noise(obs) / math.sqrt(2.0)  # one reading's standard deviation
+        if n > 2:
+            rss = sum((p[1] - m_mean - slope * (p[0] - w_mean)) ** 2 for p in levels)
+            sigma = max(math.sqrt(rss / (n - 2)), reading)
+        else:
+            sigma = reading
+        return n, w_mean, m_mean, sxx, slope, sigma
 
     def _noise(self, obs: Observation) -> float:
         """The memory reading's noise on a tick-to-tick change: measured on ticks the workers held, at
@@ -281,22 +295,12 @@ class SafetyLayer:
         two standard errors of that prediction (from the residuals, never less than one reading's
         noise over the points), is added to what the buffers hold now.
         """
-        levels = self._levels
-        n = len(levels)
-        if not n:
+        fit = self._level_fit(obs)
+        if fit is None:
             return obs.memory_used_bytes + 2.0 * self._noise(obs) / math.sqrt(2.0)
+        n, w_mean, m_mean, sxx, slope, sigma = fit
         buffered = sum(s.buffered_bytes for s in obs.stages)
         workers = sum(s.workers for s in obs.stages)
-        w_mean = sum(p[0] for p in levels) / n
-        m_mean = sum(p[1] for p in levels) / n
-        sxx = sum((p[0] - w_mean) ** 2 for p in levels)
-        slope = sum((p[0] - w_mean) * (p[1] - m_mean) for p in levels) / sxx if sxx > 0 else 0.0
-        reading = self._noise(obs) / math.sqrt(2.0)  # one reading's standard deviation
-        if n > 2:
-            rss = sum((p[1] - m_mean - slope * (p[0] - w_mean)) ** 2 for p in levels)
-            sigma = max(math.sqrt(rss / (n - 2)), reading)
-        else:
-            sigma = reading
         spread = 1.0 / n + ((workers - w_mean) ** 2 / sxx if sxx > 0 else 0.0)
         return m_mean + slope * (workers - w_mean) + 2.0 * sigma * math.sqrt(spread) + buffered
 
