@@ -67,6 +67,23 @@ def test_clamp_grants_a_light_knob_one_worker_past_the_cpus():
     assert clamp_request(knobs, {"read.workers": 3}, cpus=3, memory_free_bytes=0, light=light).applied == {}
 
 
+def test_clamp_counts_remote_workers_against_the_cluster_not_this_machine():
+    knobs, _ = _knobs(
+        **{
+            "udf.workers": ("cpu", 1, 16, 2),
+            "udf.remote_workers": ("cpu", 0, 64, 0),
+        }
+    )
+    assert knobs["udf.remote_workers"].remote and not knobs["udf.workers"].remote
+    # 2 local CPUs all held: the remote pool grows to the cluster's 3 CPUs, the local one not at all
+    r = clamp_request(knobs, {"udf.workers": 4, "udf.remote_workers": 5}, cpus=2, memory_free_bytes=0, remote_cpus=3)
+    assert r.applied == {"udf.remote_workers": 3}
+    # no cluster: no remote worker, however many local CPUs are free
+    assert clamp_request(knobs, {"udf.remote_workers": 2}, cpus=16, memory_free_bytes=0).applied == {}
+    # even split leaves the remote knob alone
+    assert even_split(knobs, 4) == {"udf.workers": 4}
+
+
 def test_light_stages_are_those_waiting_on_something_else_than_the_cpus():
     from intune.monitor.observation import StageObservation
 

@@ -12,10 +12,14 @@ from typing import Literal
 
 Unit = Literal["cpu", "mb"]
 UNITS: tuple[str, ...] = ("cpu", "mb")
+REMOTE_SETTING = "remote_workers"
+"""The setting of a knob whose workers run on a remote cluster (``<stage>.remote_workers``)."""
 
 
 class Knob:
-    """One tunable integer: ``<stage>.workers`` (unit ``cpu``) or ``<stage>.buffer_mb`` (unit ``mb``).
+    """One tunable integer: ``<stage>.workers`` (unit ``cpu``), ``<stage>.remote_workers`` (unit ``cpu``:
+    workers on a remote cluster, bounded by the cluster's CPUs rather than this machine's, see
+    ``remote``) or ``<stage>.buffer_mb`` (unit ``mb``).
 
     ``set`` validates against the bounds and applies through the engine's setter, from any thread.
     """
@@ -51,8 +55,14 @@ class Knob:
 
     @property
     def setting(self) -> str:
-        """What the knob sets: ``workers`` or ``buffer_mb``."""
+        """What the knob sets: ``workers``, ``remote_workers`` or ``buffer_mb``."""
         return self.name.rsplit(".", 1)[1]
+
+    @property
+    def remote(self) -> bool:
+        """Whether the knob's CPUs are a remote cluster's (``<stage>.remote_workers``): they count
+        against ``Observation.remote_cpus``, never against this machine's CPUs."""
+        return self.setting == REMOTE_SETTING
 
     @property
     def value(self) -> int:

@@ -58,6 +58,10 @@ class StageObservation:
     buffered_bytes: float  # bytes held by this stage
     stalled: bool = False  # work in hand without progress past the stall bound: hung, not slow
     kind: str = "stage"  # what the stage does, as it declares it, through observed_kind: one of STAGE_KINDS
+    remote_workers: int = 0  # value of "<name>.remote_workers" (0 if the stage has no remote pool)
+    remote_items_per_s: float = 0.0  # of items_per_s, the chunks that remote workers processed
+    transfer_s_per_item: float = 0.0  # mean seconds a remote chunk spent in transit (both ways, queueing in the object store included)
+    transfer_bytes_per_item: float = 0.0  # mean bytes a remote chunk moved (both ways)
 
     @property
     def cpu_share(self) -> float | None:
@@ -86,6 +90,11 @@ class Observation:
     host_memory_free_bytes: float = 0.0  # free memory of the host, blind to cgroups (what tf.data reads)
     cpu_slack: float = 0.0  # workers' worth of CPU the workers leave unused (``cpu_slack``; the runner keeps the recent highest)
     grants_light_workers: bool = False  # the runner adds a light stage's worker past the CPUs (set by ``intune.policies.runner``)
+    remote_cpus: float = 0.0  # CPUs a remote cluster offers this pipeline now: its free CPUs plus those its remote workers hold (0 = no cluster)
+
+    @property
+    def allocated_remote_cpus(self) -> int:
+        return sum(s.remote_workers for s in self.stages)
 
     @property
     def allocated_cpus(self) -> int:

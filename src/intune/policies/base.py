@@ -65,14 +65,18 @@ def clamp_request(
     memory_free_bytes: float,
     light: Collection[str] = (),
     hold: Collection[str] = (),
+    remote_cpus: float = 0.0,
 ) -> ClampResult:
     """Clamp a policy's request to knob bounds, to the CPUs and to the free memory.
 
     - every value is clamped to its knob's ``[min, max]``; unknown knob names raise ``ValueError``;
-    - the sum of ``cpu`` knobs may not exceed ``max(cpus, sum of minimums)``: increases are granted in
+    - the sum of local ``cpu`` knobs may not exceed ``max(cpus, sum of minimums)``: increases are granted in
       the order requested until the CPUs run out (decreases always pass); past that, one worker in all
       may go to a knob in ``light`` (a stage whose workers mostly wait: ``Observation.light_stages``),
       so that a policy can measure whether one more reader pays on a saturated machine;
+    - remote ``cpu`` knobs (``Knob.remote``: workers on a cluster) share ``remote_cpus`` (the cluster's
+      CPUs that this pipeline may hold, ``Observation.remote_cpus``) the same way, without a light
+      grant: a remote worker never takes this machine's CPUs, nor a local one the cluster's;
     - ``mb`` knobs may grow only by what ``memory_free_bytes`` allows;
     - knobs in ``hold`` may not grow (a stalled stage's workers: more workers do not unstick a hung
       function, they only take CPUs from the stages that still move).
@@ -86,18 +90,10 @@ def clamp_request(
         if name in target:
             target[name] = min(target[name], current[name])
 
-    cpu_names = [n for n, k in knobs.items() if k.unit == "cpu"]
-    cpu_cap = max(int(cpus), sum(knobs[n].min for n in cpu_names))
-    # decreases first, then increases while the budget lasts
-    total = sum(min(target.get(n, current[n]), current[n]) for n in cpu_names)
-    extra = 1  # the one worker past the cap a light knob may get
-    for name in cpu_names:
-        if name in target and target[name] > current[name]:
-            grant = min(target[name] - current[name], max(0, cpu_cap - total))
-            if extra and name in light and grant < target[name] - current[name] and total + grant <= cpu_cap:
-                grant, extra = grant + 1, 0
-            target[name] = current[name] + grant
-            total += grant
+    local = [n for n, k in knobs.items() if k.unit == "cpu" and not k.remote]
+    remote = [n for n, k in knobs.items() if k.unit == "cpu" and k.remote]
+    _grant_cpus(knobs, local, current, target, cpus, light)
+    _grant_cpus(knobs, remote, current, target, remote_cpus, ())
 
     mem_budget = max(0.0, memory_free_bytes)
     for name, value in list(target.items()):
@@ -108,6 +104,28 @@ def clamp_request(
 
     applied = {n: v for n, v in target.items() if v != current[n]}
     return ClampResult(requested=dict(requested), applied=applied)
+
+
+def _grant_cpus(
+    knobs: Mapping[str, Knob],
+    names: list[str],
+    current: Mapping[str, int],
+    target: dict[str, int],
+    cpus: float,
+    light: Collection[str],
+) -> None:
+    """Cut the increases in ``target`` among ``names`` to ``cpus`` in all (decreases first, then
+    increases in order while the budget lasts; one worker past it for a knob in ``light``)."""
+    cpu_cap = max(int(cpus), sum(knobs[n].min for n in names))
+    total = sum(min(target.get(n, current[n]), current[n]) for n in names)
+    extra = 1  # the one worker past the cap a light knob may get
+    for name in names:
+        if name in target and target[name] > current[name]:
+            grant = min(target[name] - current[name], max(0, cpu_cap - total))
+            if extra and name in light and grant < target[name] - current[name] and total + grant <= cpu_cap:
+                grant, extra = grant + 1, 0
+            target[name] = current[name] + grant
+            total += grant
 
 
 def cpu_budget(obs: Observation) -> float:
@@ -122,12 +140,12 @@ def cpu_budget(obs: Observation) -> float:
 
 
 def even_split(knobs: Mapping[str, Knob], cpus: float) -> dict[str, int]:
-    """CPUs divided evenly over the ``cpu`` knobs (the paper's Heuristic, InTune's starting point).
+    """CPUs divided evenly over the local ``cpu`` knobs (the paper's Heuristic, InTune's starting point).
 
-    The remainder goes to the first stages; each knob stays within its bounds. ``mb`` knobs keep their
-    values.
+    The remainder goes to the first stages; each knob stays within its bounds. ``mb`` and remote knobs
+    keep their values.
     """
-    names = [n for n, k in knobs.items() if k.unit == "cpu"]
+    names = [n for n, k in knobs.items() if k.unit == "cpu" and not k.remote]
     if not names:
         return {}
     base, extra = divmod(max(int(cpus), len(names)), len(names))

@@ -8,7 +8,7 @@ clamps and grants:
   workers measurably leave unused, ``Observation.cpu_slack``) is kept at its highest over the last
   ``CPU_BUDGET_TICKS`` ticks at one CPU count, and a light stage may get one worker past it;
 - ``apply`` clamps the request (``clamp_request``: knob bounds, that budget, the free memory, no growth
-  for a stalled stage's workers) and sets the knobs, decreases first, so that a worker moved between
+  for a stalled stage's workers, remote workers within the cluster's CPUs ``Observation.remote_cpus``) and sets the knobs, decreases first, so that a worker moved between
   stages never oversubscribes on the way.
 
 It must not hold any policy's algorithm, nor read the machine (the Observation carries what it needs).
@@ -50,6 +50,7 @@ class Runner:
             memory_free_bytes(obs),
             light=[f"{stage}.workers" for stage in obs.light_stages()],
             hold=[f"{s.name}.workers" for s in obs.stages if s.stalled],
+            remote_cpus=obs.remote_cpus,
         )
 
     def apply(
