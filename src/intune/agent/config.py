@@ -70,6 +70,18 @@ class AgentConfig:
     teacher_fraction: float = 0.5
     """Share of exploratory ticks whose moves come from the oracle teacher (``imitation``), not at random."""
 
+    teacher_objective: str = "reward"
+    """What the imitation teacher's allocation maximises (``intune.sim.oracle.search_optimum``):
+    ``reward`` (rows/s times the reward's memory factor: the shipped weights'), ``reachable`` (the most
+    rows/s of any allocation the safety mask lets the agent reach: memory under ``memory_margin``, or,
+    buffers at their minimum, under the mask's worker ceiling) or ``throughput`` (the scores'
+    optimum, which may need memory the mask refuses: a label toward it teaches only the parts the mask
+    allows, which may lead away from it)."""
+
+    validation_pipelines: int = 8
+    """Pipelines the greedy network is scored on after each DAgger round and DQN evaluation (drawn from
+    ``seed`` + 1,000,003, never trained on); the best-scored network is kept."""
+
     imitation_rounds: int = 10
     """DAgger rounds before the DQN steps: round 0 follows the teacher, later rounds the learner."""
 

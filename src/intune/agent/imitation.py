@@ -29,6 +29,7 @@ from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
 from intune.agent.teacher import label_weights, teacher_choice
 from intune.monitor.observation import Observation
+from intune.policies.safety import WORKER_CEILING
 from intune.sim.oracle import OraclePolicy
 
 TEACHER_REFRESH_TICKS = 30  # drift moves the optimum slowly: the teacher re-searches it this often
@@ -51,7 +52,8 @@ class DaggerPolicy:
         self.teacher_share = teacher_share
         self.rng = rng
         self.random_start = random_start
-        self.teacher = OraclePolicy(refresh_ticks=refresh_ticks)
+        self.teacher = OraclePolicy(refresh_ticks=refresh_ticks, objective=student.config.teacher_objective,
+                                    margins=(student.config.memory_margin, WORKER_CEILING))
         self.states: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def bind_simulator(self, sim) -> None:

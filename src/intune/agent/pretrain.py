@@ -30,7 +30,6 @@ from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
 from intune.results import save_figure
 
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
-VALIDATION_PIPELINES = 8
 VALIDATION_TICKS = 200
 
 
@@ -46,17 +45,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-only", action="store_true", help="ablation: the paper's global observation")
     parser.add_argument("--deltas", default=",".join(str(d) for d in defaults.action_deltas),
                         help="per-knob moves, e.g. -1,0,1 for the ablation without +-5")
+    parser.add_argument("--teacher", choices=("reward", "reachable", "throughput"), default=defaults.teacher_objective,
+                        help="what the imitation teacher's allocation maximises (AgentConfig.teacher_objective)")
+    parser.add_argument("--validation", type=int, default=defaults.validation_pipelines,
+                        help="validation pipelines that pick the best round")
     parser.add_argument("--curve", default=None, help="write the learning curve as a PNG here")
     parser.add_argument("--log-json", default=None, help="write the learning curve as JSON here")
 
 
-def validation_sims(config: AgentConfig, n: int = VALIDATION_PIPELINES):
+def validation_sims(config: AgentConfig, n: int | None = None):
     """Random pipelines from a seed training never draws, half on the paper's kind of resize schedule
     (32 -> 64 -> 128 -> 64 -> 32), half from the pretraining distribution."""
     from intune.sim import Simulator, random_workload
     from intune.sim.schedule import stepped_schedule
 
     rng = np.random.default_rng(config.seed + VALIDATION_SEED_OFFSET)
+    n = config.validation_pipelines if n is None else n
     sims = []
     for i in range(n):
         if i % 2 == 0:
@@ -146,10 +150,13 @@ def run(args: argparse.Namespace) -> int:
     if 0 not in deltas:
         raise SystemExit(f"--deltas must include 0 (hold), got {args.deltas}")
     command = (f"intune pretrain --rounds {args.rounds} --episodes {args.episodes} --steps {args.steps} --seed {args.seed} "
-               f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "") + f" --out {args.out}")
+               f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "")
+               + (f" --teacher {args.teacher}" if args.teacher != "reward" else "")
+               + (f" --validation {args.validation}" if args.validation != 8 else "") + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
-                         global_only=args.global_only, extra={"command": command})
+                         global_only=args.global_only, teacher_objective=args.teacher,
+                         validation_pipelines=args.validation, extra={"command": command})
     started = time.time()
     path, imitation, history = pretrain(config, args.out)
     seconds = time.time() - started

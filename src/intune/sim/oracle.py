@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -378,7 +378,9 @@ def bounds_from_knobs(names: tuple[str, ...], knobs: Mapping[str, Knob]) -> Boun
     return Bounds(*(np.array(x, dtype=int) for x in (w_min, w_max, b_min, b_max)))
 
 
-def search_optimum(sim, cpus: int, objective: str = "reward") -> tuple[dict[str, int], float]:
+def search_optimum(
+    sim, cpus: int, objective: str = "reward", margins: tuple[float, float] = (MEMORY_SAFE_FRACTION, 1.0)
+) -> tuple[dict[str, int], float]:
     """The optimum for a ``Simulator`` on ``cpus`` at its current drift, as knob values, and its rows/s.
 
     ``objective="reward"``: the most reward (what the oracle policy holds and pretraining scales by).
@@ -386,6 +388,10 @@ def search_optimum(sim, cpus: int, objective: str = "reward") -> tuple[dict[str,
     limit), which is what scores measure against: every allocation the runner may grant is a candidate,
     so no policy's ratio to it exceeds 1, whereas a policy may beat the reward's optimum in rows/s by
     running past the reward's memory margin.
+    ``"reachable"``: the most rows/s of any allocation a safety mask with ``margins`` ``(margin,
+    ceiling)`` lets a policy reach: worst-case memory under ``margin`` of the limit, or, with every
+    buffer at its minimum, under ``ceiling`` (past the margin the mask lets only workers grow). The imitation teacher's target: a label toward an allocation the mask refuses teaches only
+    its parts the mask allows, which may lead away from it.
     """
     p = sim.params
     bounds, mult = bounds_from_knobs(p.names, sim.knobs), sim.cpu_multipliers()
@@ -394,8 +400,17 @@ def search_optimum(sim, cpus: int, objective: str = "reward") -> tuple[dict[str,
     elif objective == "throughput":
         budget = p.limit_bytes if p.limit_bytes > 0 else np.inf
         w, b, t = optimal_allocation(p, cpus, bounds, mult, memory_budget=budget)
+    elif objective == "reachable":
+        margin, ceiling = margins
+        limit = p.limit_bytes if p.limit_bytes > 0 else np.inf
+        w, b, t = optimal_allocation(p, cpus, bounds, mult, memory_budget=margin * limit)
+        # past the margin, the mask lets only workers grow (to the ceiling), buffers at their minimum
+        pinned = replace(bounds, b_max=bounds.b_min.copy())
+        w2, b2, t2 = optimal_allocation(p, cpus, pinned, mult, memory_budget=ceiling * limit)
+        if t2 > t:
+            w, b, t = w2, b2, t2
     else:
-        raise ValueError(f"objective must be 'reward' or 'throughput', got {objective!r}")
+        raise ValueError(f"objective must be 'reward', 'throughput' or 'reachable', got {objective!r}")
     alloc = {f"{s}.workers": int(w[i]) for i, s in enumerate(p.names)}
     alloc.update(
         {f"{s}.buffer_mb": int(b[i]) for i, s in enumerate(p.names) if f"{s}.buffer_mb" in sim.knobs}
@@ -412,9 +427,17 @@ class OraclePolicy:
 
     name = "oracle"
 
-    def __init__(self, sim=None, refresh_ticks: int = 25) -> None:
+    def __init__(
+        self,
+        sim=None,
+        refresh_ticks: int = 25,
+        objective: str = "reward",
+        margins: tuple[float, float] = (MEMORY_SAFE_FRACTION, 1.0),
+    ) -> None:
         self.sim = sim
         self.refresh_ticks = refresh_ticks
+        self.objective = objective  # as in search_optimum
+        self.margins = margins
 
     def bind_simulator(self, sim) -> None:
         self.sim = sim
@@ -434,7 +457,7 @@ class OraclePolicy:
         """The optimum's knob values, searched again at a CPU change and every ``refresh_ticks`` calls."""
         self._since += 1
         if observation.cpus != self._cpus or self._since >= self.refresh_ticks:
-            self._target, _ = self.sim.optimum(int(observation.cpus))
+            self._target, _ = search_optimum(self.sim, int(observation.cpus), self.objective, self.margins)
             self._cpus, self._since = observation.cpus, 0
         return self._target
 
