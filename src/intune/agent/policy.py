@@ -27,6 +27,7 @@ from intune.agent.replay import ReplayBuffer
 from intune.knobs import Knob
 from intune.monitor.observation import OOM_PENALTY, Observation
 from intune.monitor.observation import reward as contract_reward
+from intune.policies.remote_sizing import with_remote_placement
 from intune.policies.safety import SafetyLayer, shuffle_floor, start_allocation
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
@@ -108,6 +109,7 @@ class NetworkChooser:
             self.numpy_q.refresh(q)
 
 
+@with_remote_placement  # remote knobs: the shared sizing rule, not the network (docs/remote_tuning.md)
 class IntunePolicy:
     """The InTune agent. ``network``/``config`` override the shipped weights (used in pretraining)."""
 

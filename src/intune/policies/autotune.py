@@ -47,6 +47,14 @@ What tf.data does, and how it maps onto a pipeline of stages with ``<stage>.work
   ``obs.cpus`` changes. Either variant re-launches when the job comes back from an OOM kill, as a
   restarted process would.
 
+- Remote workers (a stage's ``remote_workers`` knob, ``Knob.remote``): more parallelism for the same
+  node, as a tf.data service's workers are more parallel calls. The node's self time counts the remote
+  workers' time per element as the local ones' (a remote worker holds its call for compute and
+  transfer: its worker-seconds over the elements it delivered); its parallelism may go past the local
+  pool by the cluster's CPUs (``Observation.remote_cpus``, re-read every tick), and the calls in flight
+  beyond the pool threads the stage holds (``share_pool``) run on remote workers. The hill climb has no
+  cost for them: like the pool, it takes every one its model says lowers the output time.
+
 It must not use anything tf.data would not know: no CPU budget, no cgroup memory limit, no
 simulator internals. Its weaknesses (CPUs added after launch stay unused; buffers grow into an OOM
 when the cgroup limit is below half the host's free memory) follow from the algorithm alone.
@@ -155,7 +163,8 @@ class _Totals:
     """A stage's counters since launch (what a tf.data node accumulates)."""
 
     items: float = 0.0
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # the local workers' busy seconds
+    remote_s: float = 0.0  # the remote workers' seconds holding a call
     bytes: float = 0.0
     sized_items: float = 0.0
 
@@ -163,12 +172,20 @@ class _Totals:
         n = max(0.0, s.items_per_s) * dt_s
         self.items += n
         self.wall_s += max(0.0, s.wall_s_per_item) * n
+        if s.remote_items_per_s > 0:  # a remote worker holds its call for the whole tick it delivers in
+            self.remote_s += s.remote_workers * dt_s
         if s.bytes_per_item > 0:
             self.bytes += s.bytes_per_item * n
             self.sized_items += n
 
     @property
     def self_time(self) -> float:
+        """Seconds a call is held per element, by local and remote workers alike."""
+        return (self.wall_s + self.remote_s) / self.items if self.items > 0 else 0.0
+
+    @property
+    def local_time(self) -> float:
+        """Local threads' busy seconds per element (what the shared pool's threads are asked for)."""
         return self.wall_s / self.items if self.items > 0 else 0.0
 
     @property
@@ -184,6 +201,7 @@ class AutotunePlan:
     parallelism: dict[str, float] = field(default_factory=dict)  # tf.data's parallelism per stage
     buffer_elements: dict[str, float] = field(default_factory=dict)
     workers: dict[str, int] = field(default_factory=dict)
+    remote_workers: dict[str, int] = field(default_factory=dict)  # calls in flight past the pool's threads
     buffer_mb: dict[str, int] = field(default_factory=dict)
     output_time_s: float = 0.0
     max_buffered_bytes: float = 0.0
@@ -207,6 +225,7 @@ class AutotunePolicy:
         self.ram_budget_share = ram_budget_share
         self._prefetch_names = None if prefetch_stages is None else set(prefetch_stages)
         self._knobs: Mapping[str, Knob] = {}
+        self._remote_cpus = 0
         self.launches = 0
         self.optimizations = 0
         self.plan: AutotunePlan | None = None
@@ -269,6 +288,7 @@ class AutotunePolicy:
             )
         for s in obs.stages:
             self._totals[s.name].add(s, obs.dt_s)
+        self._remote_cpus = max(0, int(obs.remote_cpus))
         self._run_prefetch_autotuners(obs)
         if self.schedule.due(self._now(obs)):
             self._optimize(self._now(obs))
@@ -311,11 +331,16 @@ class AutotunePolicy:
             prev = self._totals[self._stages[i - 1]] if i > 0 else None
             ratio = prev.items / t.items if prev is not None and t.items > 0 and prev.items > 0 else 1.0
             workers, buffer = self._knobs.get(f"{name}.workers"), self._knobs.get(f"{name}.buffer_mb")
+            remote = self._knobs.get(f"{name}.remote_workers")
             measured = t.items > 0
             if workers is not None:
                 p_min = max(1, workers.min)
                 p_max = max(p_min, min(workers.max, self.pool_size))
-                current = self._parallelism.get(name, float(min(max(workers.value, p_min), p_max)))
+                in_flight = min(max(workers.value, p_min), p_max)
+                if remote is not None:  # calls past the local pool run on the cluster's CPUs
+                    p_max += min(remote.max, self._remote_cpus)
+                    in_flight += remote.value
+                current = self._parallelism.get(name, float(min(in_flight, p_max)))
                 chain.append(Node(name, t.self_time, ratio, current, None, t.element_bytes))
                 if measured:
                     params.append(Parameter(name, PARALLELISM, p_min, p_max))
@@ -363,14 +388,23 @@ class AutotunePolicy:
         names = [n for n in self._stages if f"{n}.workers" in self._knobs]
         knobs = [self._knobs[f"{n}.workers"] for n in names]
         caps = [int(self._parallelism.get(n, k.value)) for n, k in zip(names, knobs, strict=True)]
+        if self._remote_cpus or any(f"{n}.remote_workers" in self._knobs for n in names):
+            # the pool's threads serve the local calls only: a stage holds at most its local bound of them
+            caps = [min(c, max(1, k.min, min(k.max, self.pool_size))) if f"{n}.remote_workers" in self._knobs else c
+                    for n, k, c in zip(names, knobs, caps, strict=True)]
         if self.pool == "dedicated":
             alloc = caps
         else:
-            demand = [self._totals[n].items / root_items * self._totals[n].self_time for n in names]
+            demand = [self._totals[n].items / root_items * self._totals[n].local_time for n in names]
             alloc = share_pool(self.pool_size, demand, caps, [max(1, k.min) for k in knobs])
         for n, k, a in zip(names, knobs, alloc, strict=True):
             plan.workers[n] = k.clamp(a)
             self._target[k.name] = k.clamp(a)
+            remote = self._knobs.get(f"{n}.remote_workers")
+            if remote is not None:  # the calls in flight that the pool's threads do not hold
+                calls = int(self._parallelism.get(n, k.value + remote.value))
+                plan.remote_workers[n] = remote.clamp(min(calls - k.clamp(a), self._remote_cpus))
+                self._target[remote.name] = plan.remote_workers[n]
 
     def _plan_buffers(self, plan: AutotunePlan, nodes: Mapping[str, Node]) -> None:
         for name in self._stages:

@@ -45,6 +45,22 @@ stage uses well under one core and so is not taken for sequential.
 
 ``adaptive=True`` (plumber-adaptive, the paper's checkpoint and re-launch) re-solves with the latest
 ``profile_ticks`` ticks whenever ``obs.cpus`` changes; the non-adaptive policy keeps its first plan.
+
+Remote workers (a map stage's ``remote_workers`` knob, ``Knob.remote``): the cluster is a second
+resource in the LP (``solve_remote_lp``). ``r`` remote workers deliver at most ``r / work_r`` elements
+a second of the stage's work, ``work_r`` being a remote worker's seconds per delivered element (its
+call: compute and transfer); what they deliver costs no local CPU (``x`` elements/s:
+``theta * sum cpu - x * cpu_s <= C``) and leaves ``(theta - x) * work_s`` to the local workers;
+``r <= remote_cpus``. The objective prices a remote CPU: with a known demand, the most ``theta`` up to
+the demand, then the fewest ``r`` that keep it; without one, ``theta - lambda * r`` with ``lambda`` =
+``REMOTE_MIN_GAIN`` times one local worker's elements/s of that stage (``1 / work_s``): a remote CPU is
+bought only while it adds that much (the shared rule, ``intune.policies.remote_sizing``). Plumber prices
+what it profiled: before any remote worker ran, ``work_r = work_s`` (a local worker's; the transfer is
+unknown), and once remote workers have run ``profile_ticks`` ticks it re-solves once with their
+measured ``work_r`` (a remote worker held its call for the whole tick). ``plumber-adaptive`` also
+re-solves when ``obs.remote_cpus`` changes (a node lost). The plan is re-asserted every tick, so the
+runner's clamp after a node loss is undone wherever the live nodes have room.
+
 It must not use anything the observation does not carry.
 """
 
@@ -61,6 +77,7 @@ from scipy.optimize import linprog
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
 from intune.policies.base import cpu_budget
+from intune.policies.remote_sizing import REMOTE_MIN_GAIN
 from intune.policies.static import changes
 from intune.units import MB
 
@@ -115,6 +132,85 @@ def solve_lp(
     return [max(float(lo[i]), theta * work[i]) for i in range(n)], theta
 
 
+@dataclass(frozen=True)
+class RemotePlan:
+    """The LP's remote part: fractional remote workers, the elements/s they deliver, the rate."""
+
+    remote_workers: float
+    remote_theta: float
+    theta: float
+
+
+def solve_remote_lp(
+    work: Sequence[float],
+    workers: float,
+    lo: Sequence[float],
+    hi: Sequence[float],
+    cpu_work: Sequence[float],
+    cpus: float,
+    stage: int,
+    work_remote: float,
+    remote_cpus: float,
+    demand: float = 0.0,
+) -> tuple[list[float], RemotePlan]:
+    """Plumber's LP with remote workers at stage ``stage`` (module docstring): fractional local workers and
+    the remote plan. ``work_remote``: a remote worker's seconds per delivered element; ``demand``: the
+    consumer's elements/s (0: unknown, then a remote CPU must add ``REMOTE_MIN_GAIN / work[stage]``).
+
+    Variables ``w_0..w_{n-1}, theta, r, x``; constraints ``theta * work_j <= w_j`` (``j != stage``),
+    ``(theta - x) * work_s <= w_s``, ``x * work_remote <= r``, ``x <= theta``, ``sum w <= workers``,
+    ``theta * sum cpu_work - x * cpu_work[stage] <= cpus``, ``r <= remote_cpus``."""
+    n = len(work)
+    if sum(lo) > workers + 1e-9 or not any(w > 0 for w in work) or work[stage] <= 0:
+        fractional, theta = solve_lp(work, workers, lo, hi, cpu_work, cpus)
+        return fractional, RemotePlan(0.0, 0.0, theta)
+    t, r, x = n, n + 1, n + 2
+    a_ub = np.zeros((n + 5, n + 3))
+    b_ub = np.zeros(n + 5)
+    for i, w in enumerate(work):
+        a_ub[i, i] = -1.0
+        a_ub[i, t] = w
+    a_ub[stage, x] = -work[stage]
+    a_ub[n, :n] = 1.0
+    b_ub[n] = workers
+    a_ub[n + 1, t] = float(sum(cpu_work))
+    a_ub[n + 1, x] = -float(cpu_work[stage])
+    b_ub[n + 1] = cpus
+    a_ub[n + 2, x] = work_remote
+    a_ub[n + 2, r] = -1.0
+    a_ub[n + 3, x] = 1.0
+    a_ub[n + 3, t] = -1.0
+    bounds = [(float(lo[i]), float(hi[i])) for i in range(n)]
+    bounds += [(0.0, demand if demand > 0 else None), (0.0, max(0.0, remote_cpus)), (0.0, None)]
+    a_ub, b_ub = a_ub[: n + 4], b_ub[: n + 4]
+
+    def solve(c: np.ndarray, extra: tuple[np.ndarray, float] | None = None):
+        a, b = (a_ub, b_ub) if extra is None else (np.vstack([a_ub, extra[0]]), np.append(b_ub, extra[1]))
+        res = linprog(c, A_ub=a, b_ub=b, bounds=bounds, method="highs")
+        if not res.success:
+            raise RuntimeError(f"plumber: the remote LP failed ({res.message}); work={list(work)}, workers={workers}")
+        return res.x
+
+    c = np.zeros(n + 3)
+    if demand > 0:  # the most theta up to the demand, then the fewest remote workers that keep it
+        c[t] = -1.0
+        best = float(solve(c)[t])
+        keep = np.zeros(n + 3)
+        keep[t] = -1.0
+        c = np.zeros(n + 3)
+        c[r] = 1.0
+        c[:n] = 1e-9  # and, among those, the fewest local workers
+        sol = solve(c, (keep, -best * (1.0 - 1e-9)))
+    else:  # a remote CPU must add REMOTE_MIN_GAIN of one local worker's elements/s of that stage
+        c[t] = -1.0
+        c[r] = REMOTE_MIN_GAIN / work[stage]
+        sol = solve(c)
+    theta, remote_theta = float(sol[t]), float(sol[x])
+    local = [max(float(lo[i]), theta * work[i]) for i in range(n)]
+    local[stage] = max(float(lo[stage]), (theta - remote_theta) * work[stage])
+    return local, RemotePlan(float(sol[r]), remote_theta, theta)
+
+
 def rate_of(alloc: Sequence[float], work: Sequence[float]) -> float:
     """Elements/s the allocation delivers: the slowest stage's ``workers / work`` (inf if none works)."""
     rates = [a / w for a, w in zip(alloc, work, strict=True) if w > 0]
@@ -156,6 +252,7 @@ class _StageProfile:
     busy_workers_s: float = 0.0
     bytes: float = 0.0
     time_s: float = 0.0
+    remote_items: float = 0.0  # of ``items``, those remote workers processed (no local CPU or wall time)
 
 
 @dataclass
@@ -168,6 +265,8 @@ class PlumberPlan:
     sequential: list[str] = field(default_factory=list)
     io_bound: list[str] = field(default_factory=list)  # stages rated by wall time (module docstring, 2.)
     theta: float = 0.0  # planned elements/s delivered by the last stage
+    remote_workers: dict[str, int] = field(default_factory=dict)
+    remote_priced: str = ""  # "profiled" or "local" (a remote worker priced like a local one: none ran yet)
     prefetch_elements: int = 0
     buffer_mb: dict[str, int] = field(default_factory=dict)
 
@@ -193,6 +292,9 @@ class PlumberPolicy:
         self._kinds = observation.kinds()
         self._window: deque[Observation] = deque(maxlen=self.profile_ticks)
         self._target: dict[str, int] = {}
+        self._remote = [k for k in knobs.values() if k.remote]
+        self._remote_cpus = observation.remote_cpus
+        self._local_cost: dict[str, tuple[float, float]] = {}  # stage -> (work, cpu work) per local element
         self.plan = None
         self.solves = 0
 
@@ -210,7 +312,20 @@ class PlumberPolicy:
                 self._solve(obs)
         elif self.adaptive and obs.cpus != self.plan.cpus:
             self._solve(obs)
+        elif self._remote and self._resolve_remote(obs):
+            self._solve(obs)
+        self._remote_cpus = obs.remote_cpus
         return changes(self._knobs, self._target)
+
+    def _resolve_remote(self, obs: Observation) -> bool:
+        """Re-solve once the remote workers priced like local ones have been profiled, and (adaptive)
+        when the cluster's CPUs change."""
+        assert self.plan is not None
+        if self.adaptive and obs.remote_cpus != self._remote_cpus:
+            return True
+        if self.plan.remote_priced != "local":
+            return False
+        return sum(1 for o in self._window if any(s.remote_items_per_s > 0 for s in o.stages)) >= self.profile_ticks
 
     def _profile(self) -> dict[str, _StageProfile]:
         prof: dict[str, _StageProfile] = {}
@@ -224,6 +339,7 @@ class PlumberPolicy:
                 p.busy_workers_s += s.busy * s.workers * o.dt_s
                 p.bytes += s.bytes_per_item * n
                 p.time_s += o.dt_s
+                p.remote_items += s.remote_items_per_s * o.dt_s
         return prof
 
     @staticmethod
@@ -261,10 +377,16 @@ class PlumberPolicy:
         lo = [k.min for k in knobs]
         hi = [max(k.min, 1 if s else k.max) for k, s in zip(knobs, seq, strict=True)]
         budget = max(int(cpu_budget(obs)), 0)  # workers the runner grants; the CPU constraint stays the CPUs
-        fractional, _ = solve_lp(work, budget, lo, hi, cpu_work, float(obs.cpus))
-        alloc = round_allocation(fractional, work, budget, lo, hi) if sum(lo) <= budget else list(lo)
-        cpu_total = sum(cpu_work)
-        theta = min(rate_of(alloc, work), obs.cpus / cpu_total if cpu_total > 0 else math.inf)
+        remote = self._remote_stage(names)
+        if remote is not None:  # the stage's costs per element its local workers processed
+            work[remote], cpu_work[remote] = self._local_costs(names[remote], prof, work[remote], cpu_work[remote])
+        if remote is None:
+            fractional, _ = solve_lp(work, budget, lo, hi, cpu_work, float(obs.cpus))
+            alloc = round_allocation(fractional, work, budget, lo, hi) if sum(lo) <= budget else list(lo)
+            cpu_total = sum(cpu_work)
+            theta = min(rate_of(alloc, work), obs.cpus / cpu_total if cpu_total > 0 else math.inf)
+        else:
+            fractional, alloc, theta, remote_plan = self._solve_remote(obs, prof, root_items, names, remote, work, cpu_work, budget, lo, hi)
         self.solves += 1
         plan = PlumberPlan(
             cpus=obs.cpus,
@@ -272,12 +394,66 @@ class PlumberPolicy:
             sequential=[n for n, s in zip(names, seq, strict=True) if s],
             io_bound=[n for n, w in zip(names, io, strict=True) if w],
         )
+        if remote is not None:
+            plan.remote_workers, plan.remote_priced = remote_plan
+            for stage, value in plan.remote_workers.items():
+                self._target[f"{stage}.remote_workers"] = value
         for n, k, a, f in zip(names, knobs, alloc, fractional, strict=True):
             plan.workers[n] = k.clamp(a)
             plan.fractional[n] = f
             self._target[k.name] = k.clamp(a)
         self._plan_prefetch(obs, prof, root_items, plan)
         self.plan = plan
+
+    def _local_costs(self, name: str, prof: dict[str, _StageProfile], work: float, cpu_work: float) -> tuple[float, float]:
+        """``(work, cpu work)`` per delivered element of the remote stage's local workers, from the profile's
+        elements they processed (the profile divides their time by every element, remote ones included);
+        where remote workers took nearly all of them, the last such profile's."""
+        p = prof.get(name)
+        if p is not None and p.items > 0:
+            local = p.items - min(p.remote_items, p.items)
+            if local >= 0.2 * p.items:
+                self._local_cost[name] = (work * p.items / local, cpu_work * p.items / local)
+        return self._local_cost.get(name, (work, cpu_work))
+
+    def _remote_stage(self, names: list[str]) -> int | None:
+        """Index (in ``names``) of the stage with a remote knob (the first, if several), or None."""
+        for knob in self._remote:
+            if knob.stage in names:
+                return names.index(knob.stage)
+        return None
+
+    def _solve_remote(
+        self, obs: Observation, prof: dict[str, _StageProfile], root_items: float, names: list[str], stage: int,
+        work: list[float], cpu_work: list[float], budget: int, lo: list[int], hi: list[int],
+    ) -> tuple[list[float], list[int], float, tuple[dict[str, int], str]]:
+        """The remote LP (module docstring): local workers, rounded; the rate; the remote workers."""
+        name = names[stage]
+        knob = self._knobs[f"{name}.remote_workers"]
+        ran = [o for o in self._window if o.stage(name).remote_items_per_s > 0]
+        if ran:  # a remote worker's seconds per element it delivered, times the stage's visit ratio
+            held = sum(o.stage(name).remote_workers * o.dt_s for o in ran)
+            done = sum(o.stage(name).remote_items_per_s * o.dt_s for o in ran)
+            visits = prof[name].items / root_items
+            work_remote, priced = held / done * visits, "profiled"
+        else:
+            work_remote, priced = work[stage], "local"
+        root = obs.stages[-1]
+        rows_per_item = root.rows_per_s / root.items_per_s if root.items_per_s > 0 else 0.0
+        demand = obs.demand / rows_per_item if obs.demand > 0 and rows_per_item > 0 else 0.0
+        cluster = float(min(knob.max, obs.remote_cpus))
+        fractional, rp = solve_remote_lp(
+            work, budget, lo, hi, cpu_work, float(obs.cpus), stage, work_remote, cluster, demand
+        )
+        local_work = list(work)  # what the local workers carry per delivered element
+        if rp.theta > 0:
+            local_work[stage] = work[stage] * max(0.0, 1.0 - rp.remote_theta / rp.theta)
+        alloc = round_allocation(fractional, local_work, budget, lo, hi) if sum(lo) <= budget else list(lo)
+        remote = knob.clamp(min(math.ceil(rp.remote_workers - 1e-6), cluster))
+        cpu_total = sum(cpu_work)
+        cpu_left = cpu_total - cpu_work[stage] * (rp.remote_theta / rp.theta if rp.theta > 0 else 0.0)
+        theta = min(rate_of(alloc, local_work), obs.cpus / cpu_left if cpu_left > 0 else math.inf)
+        return fractional, alloc, theta, ({name: remote}, priced)
 
     def _plan_prefetch(
         self, obs: Observation, prof: dict[str, _StageProfile], root_items: float, plan: PlumberPlan

@@ -16,8 +16,12 @@ throughput shows it pays, and goes back to the best allocation it measured. One 
    comfortable, buffers that cannot fit when full cut now;
 6. the request: the knobs whose value changes.
 
-Stage kinds come from the observation (``Observation.kinds``). It must not touch knobs: it returns
-requests, and the runner (``intune.policies.runner``) applies them.
+Stage kinds come from the observation (``Observation.kinds``). Remote knobs (``Knob.remote``) are
+sized by the shared rule (``intune.policies.remote_sizing.RemoteSizer``: remote workers go to the
+remote map stage while they pay or until the demand is met, and are shed when it is met with margin);
+the rules above move the local workers, and the allocation memory forgets what it measured whenever
+the remote workers change (the same local workers then deliver something else). It must not touch
+knobs: it returns requests, and the runner (``intune.policies.runner``) applies them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 from intune.knobs import Knob
 from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
 from intune.policies.allocation_memory import AllocationMemory
+from intune.policies.remote_sizing import with_remote_placement
 from intune.policies.safety import SafetyLayer, shuffle_floor, start_allocation
 from intune.policies.steer_rules import RULES, Rule, Tick
 
@@ -89,6 +94,7 @@ class SteerConfig:
     """Busy share from which a light stage other than the busiest is probed with one worker more."""
 
 
+@with_remote_placement
 class SteerPolicy:
     """The steering rules on a proposal: ``propose=None`` holds every knob (the ``steer`` baseline).
 
@@ -129,6 +135,7 @@ class SteerPolicy:
         self.rule_ticks: Counter[str] = Counter()
         self.last_rules: tuple[str, ...] = ()
         self.last_choice: np.ndarray | None = None  # the action index per knob requested last tick (None: the start)
+        self.remote_seen = observation.allocated_remote_cpus  # remote workers the memory's readings had beside them
         self._start = None if self.warm_start == "none" else start_allocation(self.knobs, self.safety, observation, self.warm_start)
         reset = getattr(self.propose, "reset", None)
         if reset is not None:
@@ -172,6 +179,9 @@ class SteerPolicy:
         self.last_rules, self.last_choice = (), None
 
     def step(self, observation: Observation) -> dict[str, int]:
+        if observation.allocated_remote_cpus != self.remote_seen:  # another pipeline around the same local workers
+            self.remote_seen = observation.allocated_remote_cpus
+            self.memory.forget()
         # the throughput of the last tick belongs to the workers in place now, before this tick's move
         workers = tuple(int(k.value) for k, c in zip(self.safety.knobs, self.is_cpu, strict=True) if c)
         self.memory.observe(observation.cpus, workers, observation.throughput, valid=not observation.oom)

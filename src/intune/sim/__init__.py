@@ -29,6 +29,14 @@ Stable API (the agent and the policies rely on these names)::
                                                # memory_bytes, oom, knobs) and summary()
     spec2 = random_workload(rng, n_stages=None, cpus=None)   # random valid specs for pretraining
 
+    # a map stage's spec may carry a remote pool (``remote``: nodes, cpus_per_node, bandwidth_mb_s,
+    # latency_ms, cost_factor, node_loss; intune.sim.remote, docs/remote_tuning.md): the knob
+    # "<stage>.remote_workers" (cpu, 0..nodes * cpus_per_node), obs.remote_cpus and the stage's remote fields
+    sim.remote_pool                    # the RemotePool, or None (then nothing changes: same numbers)
+    sim.remote_capacity(workers)       # each stage's remote rows/s with that many workers on the live nodes
+    sim.lose_nodes(n)                  # lose the first n live nodes now, with their workers
+    sim.set_model_latency(seconds)     # the trainer's step time (its demand) from the next tick on
+
 The oracle is ``intune.sim.oracle.OraclePolicy`` (registry name ``"oracle"``): build it with
 ``OraclePolicy(sim=sim)`` or let ``run_episode`` bind it (it calls ``bind_simulator(sim)`` on any policy
 that has one). Observations are exactly the live tuner's: per stage items_per_s, rows_per_s,

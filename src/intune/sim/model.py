@@ -17,6 +17,15 @@ Owns the formulas that the simulator steps through and the oracle searches over:
 - ``T = min(min_i rate_i, eta * C / sum_i c_i, demand)`` where demand is the consumer's rows/s
   (``batch_size / model_latency``; unbounded when the model latency is 0).
 
+A stage with a remote pool (``intune.sim.remote``) has remote capacity ``R_i`` rows/s beside its local
+workers: its rate is ``cap_i * (1 - v_i / (1 + n_i)) + R_i`` (remote results wait in the cluster's
+object store, not in the stage's output buffer, so that buffer's variance loss is the local workers').
+Remote workers are served first (their CPUs are not this machine's), so they take ``min(T, R_i)`` of the
+stage's rows and the local CPUs need
+``T * sum_j c_j - sum_i c_i * min(T, R_i)`` CPU seconds a second; the CPU bound is the ``T`` at which
+that need is ``eta * C`` (``cpu_limited_rate``). Remote workers are not in ``W``. Without a remote pool
+every formula above is computed as written there, to the last bit.
+
 Memory: ``base + sum fixed_i + sum w_i * (worker_mb_i + inflight_i * bytes_per_item_i) + buffered``,
 where buffered bytes are at most each stage's buffer capacity (all full: the worst case).
 
@@ -169,11 +178,51 @@ def cpu_bound(p: ModelParams, workers, cpus: float, cpu_mult: np.ndarray | float
     return eta * cpus / per_row if per_row > 0 else float("inf")
 
 
-def throughput(p: ModelParams, workers, buffer_mb, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
-    """Steady-state rows/s delivered to the consumer: ``min(min_i rate_i, CPU bound, demand)``."""
+def throughput(
+    p: ModelParams,
+    workers,
+    buffer_mb,
+    cpus: float,
+    cpu_mult: np.ndarray | float = 1.0,
+    remote_rows: np.ndarray | None = None,
+) -> float:
+    """Steady-state rows/s delivered to the consumer: ``min(min_i rate_i, CPU bound, demand)``;
+    ``remote_rows``: each stage's remote capacity in rows/s (None: no remote pool)."""
     w = np.asarray(workers, dtype=float)
-    t = min(float(np.min(stage_rates(p, w, buffer_mb, cpu_mult))), cpu_bound(p, w, cpus, cpu_mult))
+    if remote_rows is None:
+        t = min(float(np.min(stage_rates(p, w, buffer_mb, cpu_mult))), cpu_bound(p, w, cpus, cpu_mult))
+    else:
+        rates = stage_rates(p, w, buffer_mb, cpu_mult) + remote_rows
+        eta = cpu_efficiency(compute_workers(p, w), cpus, p.oversubscription_cost)
+        c = np.broadcast_to(p.cpu_s_per_row * cpu_mult, (p.n_stages,))
+        t = min(float(np.min(rates)), cpu_limited_rate(c, eta * cpus, remote_rows))
     return min(t, p.demand) if p.demand > 0 else t
+
+
+def local_cpu_need(c: np.ndarray, rows_per_s: float, remote_rows: np.ndarray) -> float:
+    """Local CPU seconds a second at ``rows_per_s`` when remote workers take up to ``remote_rows[i]`` of
+    stage ``i``'s rows (they are served first): ``T * sum c - sum_i c_i * min(T, R_i)``; ``c``: CPU
+    seconds per row per stage (drift included)."""
+    return float(rows_per_s * np.sum(c) - np.dot(c, np.minimum(rows_per_s, remote_rows)))
+
+
+def cpu_limited_rate(c: np.ndarray, cpu_s: float, remote_rows: np.ndarray) -> float:
+    """The rows/s whose local CPU need (``local_cpu_need``) is ``cpu_s``: the CPU bound with a remote pool.
+
+    The need is piecewise linear and increasing in ``T``: below a stage's ``R_i`` its rows cost no local
+    CPU, above it they do, so the slope grows by ``c_i`` at each ``R_i``. Infinite where every stage's
+    rows can go remote at any rate (slope 0)."""
+    if cpu_s <= 0:
+        return 0.0
+    order = sorted((float(r), float(ci)) for r, ci in zip(remote_rows, c, strict=True) if r > 0)
+    slope = float(np.sum(c)) - sum(ci for _, ci in order)  # local CPU per row while every pool keeps up
+    at, need = 0.0, 0.0
+    for r, ci in order:
+        reach = need + slope * (r - at)
+        if reach >= cpu_s:
+            break
+        at, need, slope = r, reach, slope + ci
+    return at + (cpu_s - need) / slope if slope > 0 else math.inf
 
 
 def mm1k_occupancy(rho: float, k: float) -> float:

@@ -48,19 +48,35 @@ optimum under the safe budget and the one under ``L`` splits the interval with t
 no bound exceeds the best witness's reward by more than relative ``1e-7`` (a probe's witness also settles
 the targets up to its own rows/s: it reaches them with the least memory of the probed one).
 
+Remote pools. With remote capacity ``R_i`` (rows/s, ``intune.sim.remote``) a stage's rate is
+``cap_i(w) * f_i(b) + R_i``: it reaches ``tau`` iff its local part reaches ``tau - R_i``, so each stage's
+options are those above for the target ``tau - R_i``; and the CPU bound becomes ``need(tau) <= eta(Wc) * C`` with the
+local CPU need ``need(tau) = tau * sum c mult - sum_i c_i mult_i min(tau, R_i)`` (remote rows first;
+``model.local_cpu_need``): so ``Wc_max(tau) = C * (1 + (C / need(tau) - 1) / k)``. Both keep the
+monotonicity the proof above uses (stage rates grow with ``w`` and ``b``; ``need`` grows with ``tau``), so
+the search is exact for a given remote capacity. ``fewest_remote_workers`` then searches the worker
+count: the optimum's rows/s never falls as remote workers are added (capacity grows, local CPU need
+falls), so the fewest workers reaching a target is found by bisection. Its targets: with a known demand,
+the demand or, if the whole pool cannot reach it, the most the whole pool reaches; without one, the
+shared min-gain rule (``intune.policies.remote_sizing``): the fewest workers past which one more adds
+less than ``REMOTE_MIN_GAIN`` of one local worker's rows/s, found by bisection on that marginal gain,
+which is exact where the optimum is concave in the worker count (per-node links that saturate break
+concavity; then it is the first such point found by bisection).
+
 It must not be used live: it reads the simulator's true model, which no real machine offers.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from intune.knobs import Knob
 from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation, memory_factor
+from intune.policies.remote_sizing import REMOTE_MIN_GAIN
 from intune.sim import model
 from intune.sim.model import ModelParams
 from intune.units import MB
@@ -110,19 +126,31 @@ def _strictly_below_prefix(m: np.ndarray) -> np.ndarray:
 class _Search:
     """The feasibility test of the module docstring, set up once per (model, CPUs, bounds, drift)."""
 
-    def __init__(self, p: ModelParams, cpus: int, bounds: Bounds, cpu_mult: np.ndarray | float = 1.0) -> None:
+    def __init__(
+        self,
+        p: ModelParams,
+        cpus: int,
+        bounds: Bounds,
+        cpu_mult: np.ndarray | float = 1.0,
+        remote_rows: np.ndarray | None = None,
+    ) -> None:
         n = p.n_stages
         self.p, self.bounds, self.cpus = p, bounds, cpus
         self.mult = np.broadcast_to(np.asarray(cpu_mult, dtype=float), (n,))
+        self.remote = remote_rows
         self.ws = [
             np.arange(int(bounds.w_min[i]), max(int(bounds.w_min[i]), int(bounds.w_max[i])) + 1)
             for i in range(n)
         ]
         self.caps = [model.stage_capacity(_one(p, i), self.ws[i], self.mult[i]) for i in range(n)]
+        # the rows/s remote workers add to each stage: its local part must reach tau - R_i
+        self.offset = np.zeros(n) if remote_rows is None else np.asarray(remote_rows, dtype=float)
         c = p.cpu_s_per_row
         self.weight = c / np.maximum(c + p.io_s_per_row, 1e-300)  # a_i, as model.compute_workers
         per_row = float(np.sum(c * self.mult))
         self.cpu_max = float(cpus) / per_row if per_row > 0 else float("inf")  # the CPU bound at eta = 1
+        if remote_rows is not None:
+            self.cpu_max = model.cpu_limited_rate(c * self.mult, float(cpus), remote_rows)
         self.cost = float(p.oversubscription_cost)
         self.base_mem = p.base_bytes + float(p.fixed_bytes.sum())
         # rate by worker count of the stages without a buffer knob (their queue is fixed),
@@ -134,13 +162,13 @@ class _Search:
         self.tradeoff = [i for i in range(n) if p.has_buffer[i]]
         b_best = np.where(p.has_buffer, bounds.b_max, 0)
         top = min(
-            float(self.caps[i].max() * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0])
+            float(self.caps[i].max() * model.buffer_factor(_one(p, i), b_best[i : i + 1])[0]) + float(self.offset[i])
             for i in range(n)
         )
         self.upper = min(top, self.cpu_max, p.demand if p.demand > 0 else np.inf)  # no allocation exceeds it
 
     def throughput(self, w: np.ndarray, b: np.ndarray) -> float:
-        return model.throughput(self.p, w, b, self.cpus, self.mult)
+        return model.throughput(self.p, w, b, self.cpus, self.mult, self.remote)
 
     def max_compute_workers(self, tau: float) -> float:
         """``Wc_max(tau)``: the most compute-wanting workers with ``eta(Wc) * C / sum c >= tau`` (-1: none)."""
@@ -149,7 +177,12 @@ class _Search:
         if tau <= 0.0 or self.cost <= 0.0 or np.isinf(self.cpu_max):
             return float("inf")
         # eta >= e  <=>  1 + k * max(0, Wc / C - 1) <= 1 / e  <=>  Wc <= C * (1 + (1 / e - 1) / k)
-        return self.cpus * (1.0 + (self.cpu_max / tau - 1.0) / self.cost)
+        if self.remote is None:
+            return self.cpus * (1.0 + (self.cpu_max / tau - 1.0) / self.cost)
+        need = model.local_cpu_need(self.p.cpu_s_per_row * self.mult, tau, self.remote)
+        if need <= 0.0:
+            return float("inf")
+        return self.cpus * (1.0 + (self.cpus / need - 1.0) / self.cost)
 
     def feasible(self, tau: float, budget: float) -> tuple[np.ndarray, np.ndarray] | None:
         """The least-memory allocation with every stage rate >= tau and the CPU bound >= tau, if its
@@ -163,7 +196,7 @@ class _Search:
         for i in range(p.n_stages):
             if p.has_buffer[i]:
                 continue
-            j = int(np.searchsorted(self.fixed_rates[i], tau, side="left"))  # the least qualifying w
+            j = int(np.searchsorted(self.fixed_rates[i], tau - self.offset[i], side="left"))  # the least qualifying w
             if j == len(self.ws[i]):
                 return None
             w_out[i] = int(self.ws[i][j])
@@ -178,7 +211,7 @@ class _Search:
         for i in self.tradeoff:
             bounds = self.bounds
             b, mem = _stage_options(
-                p, i, tau, self.ws[i], self.caps[i], int(bounds.b_min[i]), int(bounds.b_max[i])
+                p, i, tau - float(self.offset[i]), self.ws[i], self.caps[i], int(bounds.b_min[i]), int(bounds.b_max[i])
             )
             wt = self.ws[i] * self.weight[i]
             keep = np.flatnonzero((mem < np.inf) & (mem <= room_mem) & (wt <= room_w))
@@ -259,8 +292,10 @@ def optimal_allocation(
     bounds: Bounds,
     cpu_mult: np.ndarray | float = 1.0,
     memory_budget: float | None = None,
+    remote_rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """``(workers, buffer_mb, rows/s)`` maximising the model's throughput (see the module docstring).
+    """``(workers, buffer_mb, rows/s)`` maximising the model's throughput (see the module docstring);
+    ``remote_rows``: each stage's remote capacity (rows/s), None without a remote pool.
 
     Every allocation within the knob bounds and the memory budget is a candidate, over-subscribed ones
     (more workers, or compute-wanting workers, than CPUs) included. ``memory_budget`` defaults to
@@ -268,11 +303,15 @@ def optimal_allocation(
     exceeds the budget, the minimal allocation is returned.
     """
     budget = MEMORY_SAFE_FRACTION * p.limit_bytes if memory_budget is None else memory_budget
-    return _Search(p, cpus, bounds, cpu_mult).maximise(budget)
+    return _Search(p, cpus, bounds, cpu_mult, remote_rows).maximise(budget)
 
 
 def reward_optimal_allocation(
-    p: ModelParams, cpus: int, bounds: Bounds, cpu_mult: np.ndarray | float = 1.0
+    p: ModelParams,
+    cpus: int,
+    bounds: Bounds,
+    cpu_mult: np.ndarray | float = 1.0,
+    remote_rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """``(workers, buffer_mb, rows/s)`` maximising what the reward pays: rows/s times the memory factor
     of the allocation's worst-case memory (the oracle's objective).
@@ -283,7 +322,7 @@ def reward_optimal_allocation(
     finds the reward's optimum to relative ``_REWARD_TOLERANCE``.
     """
     limit = p.limit_bytes
-    s = _Search(p, cpus, bounds, cpu_mult)
+    s = _Search(p, cpus, bounds, cpu_mult, remote_rows)
     safe = s.maximise(MEMORY_SAFE_FRACTION * limit)
     if limit <= 0:
         return safe
@@ -332,6 +371,66 @@ def reward_optimal_allocation(
             if a < b and bound(b, m) > best_paid * (1 + _REWARD_TOLERANCE):
                 heapq.heappush(heap, (-bound(b, m), a, b, m))
     return best
+
+
+def fewest_remote_workers(
+    p: ModelParams,
+    cpus: int,
+    bounds: Bounds,
+    capacity: Callable[[int], np.ndarray],
+    most: int,
+    cpu_mult: np.ndarray | float = 1.0,
+    min_gain: float = 0.0,
+    memory_budget: float | None = None,
+) -> tuple[int, float]:
+    """``(remote workers, rows/s)``: the fewest remote workers (``0..most``) whose optimum reaches the
+    target (module docstring, "Remote pools"), and that optimum's rows/s.
+
+    ``capacity(r)``: each stage's remote capacity with ``r`` workers; ``min_gain``: the rows/s one more
+    remote worker must add when the demand is unknown (``REMOTE_MIN_GAIN`` times one local worker's rate,
+    ``remote_min_gain``). Optima are the throughput optima under ``memory_budget`` (default
+    ``MEMORY_SAFE_FRACTION`` of the limit)."""
+    budget = MEMORY_SAFE_FRACTION * p.limit_bytes if memory_budget is None else memory_budget
+    memo: dict[int, float] = {}
+
+    def best(r: int) -> float:
+        if r not in memo:
+            memo[r] = _Search(p, cpus, bounds, cpu_mult, capacity(r)).maximise(budget)[2]
+        return memo[r]
+
+    most = max(0, int(most))
+    if most == 0:
+        return 0, best(0)
+    if p.demand > 0:
+        target = min(p.demand, best(most)) * (1.0 - 1e-9)
+        if best(0) >= target:
+            return 0, best(0)
+        lo, hi = 0, most  # best(lo) < target <= best(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if best(mid) >= target else (mid, hi)
+        return hi, best(hi)
+
+    def pays(r: int) -> bool:  # the (r+1)-th worker adds at least min_gain
+        return best(r + 1) - best(r) >= min_gain
+
+    if not pays(0):
+        return 0, best(0)
+    if pays(most - 1):
+        return most, best(most)
+    lo, hi = 0, most - 1  # pays(lo), not pays(hi): the answer is the first r that does not pay
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if pays(mid) else (lo, mid)
+    return hi, best(hi)
+
+
+def remote_min_gain(p: ModelParams, stage: int, cpu_mult: np.ndarray | float = 1.0) -> float:
+    """Rows/s one more remote worker of ``stage`` must add to pay (without a known demand):
+    ``REMOTE_MIN_GAIN`` times what one local worker of that stage delivers at a full CPU."""
+    mult = np.broadcast_to(np.asarray(cpu_mult, dtype=float), (p.n_stages,))
+    one = model.stage_capacity(_one(p, stage), np.ones(1), mult[stage])[0]
+    return REMOTE_MIN_GAIN * float(one)
 
 
 def _one(p: ModelParams, i: int) -> ModelParams:
@@ -390,36 +489,59 @@ def search_optimum(
     running past the reward's memory margin.
     ``"reachable"``: the most rows/s of any allocation a safety mask with ``margins`` ``(margin,
     ceiling)`` lets a policy reach: worst-case memory under ``margin`` of the limit, or, with every
-    buffer at its minimum, under ``ceiling`` (past the margin the mask lets only workers grow). The imitation teacher's target: a label toward an allocation the mask refuses teaches only
-    its parts the mask allows, which may lead away from it.
+    buffer at its minimum, under ``ceiling`` (past the margin the mask lets only workers grow).
     """
     p = sim.params
     bounds, mult = bounds_from_knobs(p.names, sim.knobs), sim.cpu_multipliers()
+    if objective not in ("reward", "throughput", "reachable"):
+        raise ValueError(f"objective must be 'reward', 'throughput' or 'reachable', got {objective!r}")
+    pool, remote, placed = sim.remote_pool, None, {}
+    if pool is not None:  # the fewest remote workers first, then the local optimum beside them
+        r, _ = fewest_remote(sim, cpus)
+        remote = sim.remote_capacity(r, mult)
+        placed = {f"{p.names[pool.stage]}.remote_workers": r}
+    limit = p.limit_bytes if p.limit_bytes > 0 else np.inf
     if objective == "reward":
-        w, b, t = reward_optimal_allocation(p, cpus, bounds, mult)
+        w, b, t = reward_optimal_allocation(p, cpus, bounds, mult, remote)
     elif objective == "throughput":
-        budget = p.limit_bytes if p.limit_bytes > 0 else np.inf
-        w, b, t = optimal_allocation(p, cpus, bounds, mult, memory_budget=budget)
-    elif objective == "reachable":
+        w, b, t = optimal_allocation(p, cpus, bounds, mult, memory_budget=limit, remote_rows=remote)
+    else:
         margin, ceiling = margins
-        limit = p.limit_bytes if p.limit_bytes > 0 else np.inf
-        w, b, t = optimal_allocation(p, cpus, bounds, mult, memory_budget=margin * limit)
+        w, b, t = optimal_allocation(p, cpus, bounds, mult, memory_budget=margin * limit, remote_rows=remote)
         # past the margin, the mask lets only workers grow (to the ceiling), buffers at their minimum
         pinned = replace(bounds, b_max=bounds.b_min.copy())
-        w2, b2, t2 = optimal_allocation(p, cpus, pinned, mult, memory_budget=ceiling * limit)
+        w2, b2, t2 = optimal_allocation(p, cpus, pinned, mult, memory_budget=ceiling * limit, remote_rows=remote)
         if t2 > t:
             w, b, t = w2, b2, t2
-    else:
-        raise ValueError(f"objective must be 'reward', 'throughput' or 'reachable', got {objective!r}")
     alloc = {f"{s}.workers": int(w[i]) for i, s in enumerate(p.names)}
+    alloc.update(placed)
     alloc.update(
         {f"{s}.buffer_mb": int(b[i]) for i, s in enumerate(p.names) if f"{s}.buffer_mb" in sim.knobs}
     )
     return alloc, t
 
 
+def fewest_remote(sim, cpus: int) -> tuple[int, float]:
+    """For a ``Simulator`` with a remote pool, on ``cpus`` at its current drift and live nodes: the
+    fewest remote workers reaching the oracle's target (``fewest_remote_workers``) and the rows/s."""
+    pool = sim.remote_pool
+    if pool is None:
+        raise ValueError(f"{sim.spec.name}: no stage has a remote pool")
+    p = sim.params
+    bounds, mult = bounds_from_knobs(p.names, sim.knobs), sim.cpu_multipliers()
+    return fewest_remote_workers(
+        p, cpus, bounds, lambda r: sim.remote_capacity(r, mult), pool.cpus, mult, remote_min_gain(p, pool.stage, mult)
+    )
+
+
+REMOTE_REFRESH_TICKS = 5
+"""With a remote pool the oracle searches again at least this often: the fewest remote workers move with
+the drift, and between searches it would hold too few (or too many)."""
+
+
 class OraclePolicy:
-    """Sets the optimum at every CPU change and every ``refresh_ticks`` (drift); simulator only.
+    """Sets the optimum at every CPU change and every ``refresh_ticks`` (drift; ``REMOTE_REFRESH_TICKS``
+    at most with a remote pool); simulator only.
 
     It needs the simulator: pass ``OraclePolicy(sim=...)``, or let ``run_episode`` call
     ``bind_simulator(sim)`` (it does for any policy that has that method).
@@ -450,15 +572,19 @@ class OraclePolicy:
             )
         self._knobs = knobs
         self._cpus: float | None = None
+        self._pool: tuple[float, float] | None = None  # (remote CPUs, demand) the target was searched for
         self._since = 0
         self._target: dict[str, int] = {}
 
     def target(self, observation: Observation) -> dict[str, int]:
-        """The optimum's knob values, searched again at a CPU change and every ``refresh_ticks`` calls."""
+        """The optimum's knob values, searched again at a CPU change, a change of the remote pool's CPUs
+        or of the demand, and every ``refresh_ticks`` calls."""
         self._since += 1
-        if observation.cpus != self._cpus or self._since >= self.refresh_ticks:
+        pool = (observation.remote_cpus, observation.demand)
+        every = self.refresh_ticks if observation.remote_cpus <= 0 else min(self.refresh_ticks, REMOTE_REFRESH_TICKS)
+        if observation.cpus != self._cpus or self._since >= every or pool != self._pool:
             self._target, _ = search_optimum(self.sim, int(observation.cpus), self.objective, self.margins)
-            self._cpus, self._since = observation.cpus, 0
+            self._cpus, self._since, self._pool = observation.cpus, 0, pool
         return self._target
 
     def step(self, observation: Observation) -> dict[str, int]:

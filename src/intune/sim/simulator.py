@@ -14,10 +14,20 @@ rows that are big in one are big in all) with the time its model rate gives it t
 carried over; the rows that reach the consumer are the fewest any stage finished, so the realised
 throughput is bursty, and each stage's observed per-item costs are the mean over the items it actually
 finished this tick. The model, the oracle and ``last_model_throughput`` keep the mean costs.
+
+A stage with a remote pool (spec field ``remote``, ``intune.sim.remote``) gets the knob
+``<stage>.remote_workers`` (unit ``cpu``, min 0): its remote workers add to the stage's capacity and
+take rows before the local workers do; the Observation carries ``remote_cpus`` (the live nodes' CPUs)
+and the stage's ``remote_workers``, ``remote_items_per_s``, ``transfer_s_per_item`` and
+``transfer_bytes_per_item``. The stage's ``cpu_s_per_item`` and ``wall_s_per_item`` are its local
+workers' CPU and busy time per emitted chunk (remote chunks included, as the live counters divide),
+``busy`` its local workers' share. Node losses happen at the ticks the spec gives (or through
+``lose_nodes``). Without a remote pool nothing of this runs, and every number is what it was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -26,6 +36,7 @@ import numpy as np
 from intune.knobs import Knob
 from intune.monitor.observation import Observation, StageObservation, cpu_slack, observed_kind
 from intune.sim import model
+from intune.sim.remote import RemotePool, remote_pool_of
 from intune.sim.schedule import CpuSchedule, constant_schedule
 from intune.sim.spec import WorkloadSpec, load_workload, workload_variant
 
@@ -213,10 +224,13 @@ class Simulator:
         self._stall_ticks = int(math.ceil(stall.stall_s / self.dt_s)) if self._stall_every else 0
         self._bytes_per_row = self.params.bytes_per_item / self.params.rows_per_item
         self._rng = np.random.default_rng(seed)
+        self._remote_rng = np.random.default_rng([int(seed), 17])
         n = self.params.n_stages
         self._workers = np.ones(n)
         self._buffer_mb = np.array([s.buffer.default if s.buffer else 0 for s in spec.stages], dtype=float)
         self.knobs: dict[str, Knob] = {}
+        self.remote_pool: RemotePool | None = remote_pool_of(spec, self.params.rows_per_item, self.params.bytes_per_item)
+        pool = self.remote_pool
         for i, s in enumerate(spec.stages):
             self.knobs[f"{s.name}.workers"] = Knob(
                 f"{s.name}.workers",
@@ -226,6 +240,15 @@ class Simulator:
                 get=lambda i=i: int(self._workers[i]),
                 set=lambda v, i=i: self._set_workers(i, v),
             )
+            if pool is not None and pool.stage == i:
+                self.knobs[f"{s.name}.remote_workers"] = Knob(
+                    f"{s.name}.remote_workers",
+                    "cpu",
+                    0,
+                    pool.spec.cpus,
+                    get=lambda: int(pool.workers),
+                    set=self._set_remote_workers,
+                )
             if s.buffer is not None:
                 self.knobs[f"{s.name}.buffer_mb"] = Knob(
                     f"{s.name}.buffer_mb",
@@ -257,6 +280,11 @@ class Simulator:
         self._workers[i] = v
         self._alloc_changed = True
 
+    def _set_remote_workers(self, v: int) -> None:
+        """As many remote workers as asked, or as the live nodes hold: the knob reads what runs."""
+        assert self.remote_pool is not None
+        self.remote_pool.set_workers(v)
+
     def _set_buffer(self, i: int, v: int) -> None:
         self._buffer_mb[i] = v
         self._alloc_changed = True
@@ -270,9 +298,52 @@ class Simulator:
         for name, value in (alloc or {}).items():
             if name not in self.knobs:
                 raise ValueError(f"unknown knob {name!r}; knobs are {sorted(self.knobs)}")
+            if self.knobs[name].remote:
+                continue  # ``_remote_rows``
             stage, setting = name.rsplit(".", 1)
             (w if setting == "workers" else b)[self._stage_names.index(stage)] = value
         return w, b
+
+    def _remote_rows(self, alloc: dict[str, int] | None, mult: np.ndarray) -> np.ndarray | None:
+        """Each stage's remote capacity in rows/s with ``alloc``'s remote workers (missing: those
+        running), at the drift multipliers ``mult``; None without a remote pool."""
+        pool = self.remote_pool
+        if pool is None:
+            return None
+        workers = pool.workers
+        for name, value in (alloc or {}).items():
+            if name in self.knobs and self.knobs[name].remote:
+                workers = min(int(value), pool.cpus)
+        return self.remote_capacity(workers, mult)
+
+    def remote_capacity(self, workers: int, mult: np.ndarray | None = None) -> np.ndarray:
+        """Each stage's remote capacity in rows/s with ``workers`` remote workers on the live nodes, at
+        the drift multipliers ``mult`` (default: now). Needs a remote pool."""
+        pool = self.remote_pool
+        if pool is None:
+            raise ValueError(f"{self.spec.name}: no stage has a remote pool")
+        mult = self.cpu_multipliers() if mult is None else mult
+        i = pool.stage
+        out = np.zeros(self.params.n_stages)
+        out[i] = pool.capacity_rows(workers, float(self.params.cpu_s_per_row[i] * mult[i]), float(self.params.io_s_per_row[i]))
+        return out
+
+    def lose_nodes(self, nodes: int) -> int:
+        """Lose ``nodes`` live nodes of the remote pool now (the first ones, with their workers); returns
+        the workers lost. The spec's ``node_loss`` does this at its ticks."""
+        if self.remote_pool is None:
+            raise ValueError(f"{self.spec.name}: no stage has a remote pool")
+        return self.remote_pool.lose_nodes(nodes)
+
+    def set_model_latency(self, seconds: float) -> None:
+        """The trainer's step time from the next tick on (its demand is ``batch_size / seconds`` rows/s;
+        0: unbounded): a trainer that speeds up or slows down mid-run."""
+        if seconds < 0:
+            raise ValueError(f"model latency must be >= 0 s, got {seconds}")
+        self.spec = workload_variant(self.spec, name=self.spec.name, model_latency_s=float(seconds))
+        self.params = dataclasses.replace(self.params, model_latency_s=float(seconds))
+        self._demand = self.params.demand
+        self._fill_due = 0
 
     # ---------------------------------------------------------------------------------------- state
     @property
@@ -295,8 +366,11 @@ class Simulator:
         if seed is not None:
             self.seed = seed
             self._rng = np.random.default_rng(seed)
+            self._remote_rng = np.random.default_rng([int(seed), 17])
         if self._irregular is not None:
             self._irregular.reset(seed)
+        if self.remote_pool is not None:
+            self.remote_pool.reset()
         self._workers[:] = 1
         self._buffer_mb[:] = [s.buffer.default if s.buffer else 0 for s in self.spec.stages]
         self._buffered = np.zeros(self.params.n_stages)
@@ -335,8 +409,9 @@ class Simulator:
         """Noise-free steady-state rows/s of ``alloc`` (knob name -> value; missing knobs keep their
         current values) on ``cpus`` (default: now), at the current drift."""
         w, b = self._arrays(alloc)
+        mult = self.cpu_multipliers()
         return model.throughput(
-            self.params, w, b, self.cpus if cpus is None else cpus, self.cpu_multipliers()
+            self.params, w, b, self.cpus if cpus is None else cpus, mult, self._remote_rows(alloc, mult)
         )
 
     def worst_case_memory(self, alloc: dict[str, int] | None = None) -> float:
@@ -357,6 +432,9 @@ class Simulator:
         row = t - self._block_start
         cpus = self.schedule.cpus_at(t)
         p = self.params
+        pool = self.remote_pool
+        if pool is not None and pool.losses_at(t):
+            pool.lose_nodes(pool.losses_at(t))
         if t < self._down_until:
             return self._down_observation(t, cpus)
         mult = self._mult_block[row]
@@ -378,10 +456,19 @@ class Simulator:
         if self._gil_stages:
             caps = self._gil_cap(caps, c, 1.0)
         rates = caps * self._factor
+        if pool is not None:  # remote capacity beside the local workers (module docstring)
+            r_i = pool.stage
+            compute_s = pool.chunk_compute_s(float(c[r_i]), float(p.io_s_per_row[r_i]))
+            remote = np.zeros(p.n_stages)
+            remote[r_i] = pool.capacity_items(pool.workers, compute_s) * pool.rows_per_item
+            rates = rates + remote
         t_stage = float(rates.min())
         eta = model.cpu_efficiency(self._compute_w, cpus, p.oversubscription_cost)
         cpu_per_row = float(c.sum())
-        t_cpu = eta * cpus / cpu_per_row
+        if pool is None:
+            t_cpu = eta * cpus / cpu_per_row
+        else:
+            t_cpu = model.cpu_limited_rate(c, eta * cpus, remote)
         T = min(t_stage, t_cpu)
         if self._demand > 0:
             T = min(T, self._demand)
@@ -391,6 +478,8 @@ class Simulator:
             if self._gil_stages:
                 caps = self._gil_cap(caps, c, share)
             rates = caps * self._factor
+            if pool is not None:
+                rates = rates + remote
         stalled = self._stall_every and t % self._stall_every >= self._stall_every - self._stall_ticks
         if stalled:  # the trainer takes nothing: the pipeline fills its buffers at its own rate
             room = self._cap_bytes - self._buffered
@@ -407,7 +496,10 @@ class Simulator:
         if stalled:
             T = 0.0
         self.last_model_throughput = T = float(T)
-        self.last_cpu_used = min(float(cpus), T * cpu_per_row / eta)
+        if pool is None:
+            self.last_cpu_used = min(float(cpus), T * cpu_per_row / eta)
+        else:
+            self.last_cpu_used = min(float(cpus), model.local_cpu_need(c, T, remote) / eta)
         if mem > p.limit_bytes:
             return self._oom(t, cpus, mem)
         self.last_memory_bytes = mem
@@ -444,6 +536,13 @@ class Simulator:
             cpu_item = cpu_item * m_cpu
             wall_item = wall_item * m_time
             bytes_item = bytes_item * m_bytes
+        if pool is not None:  # the stage's local workers take the rows its remote workers leave
+            taken = min(T, float(remote[r_i]))
+            local = (T - taken) / T if T > 0 else 1.0
+            cpu_item[r_i] *= local
+            wall_item[r_i] *= local
+            busy[r_i] = min(1.0, (T - taken) / caps[r_i])
+            idle = 1.0 - busy
         stages = tuple(
             map(
                 StageObservation,
@@ -464,6 +563,8 @@ class Simulator:
                 self._kinds,
             )
         )
+        if pool is not None:
+            stages = self._with_remote(stages, taken / rpi[r_i], compute_s)
         return Observation(
             tick=t,
             dt_s=self.dt_s,
@@ -479,7 +580,29 @@ class Simulator:
             demand=self._demand,
             host_memory_free_bytes=p.host_bytes - mem,
             cpu_slack=cpu_slack(stages),
+            remote_cpus=float(pool.cpus) if pool is not None else 0.0,
         )
+
+    def _with_remote(
+        self, stages: tuple[StageObservation, ...], remote_items: float, compute_s: float | None
+    ) -> tuple[StageObservation, ...]:
+        """The stages with the remote stage's remote fields filled: its workers, the chunks they
+        delivered (with measurement noise from a stream of its own, so the other streams draw what they
+        drew without a pool), their transit time and bytes."""
+        pool = self.remote_pool
+        assert pool is not None
+        i = pool.stage
+        noise = max(0.0, 1.0 + self.noise * float(self._remote_rng.standard_normal())) if remote_items > 0 else 1.0
+        transfer = pool.transfer_s(remote_items, compute_s) if compute_s is not None else 0.0
+        out = list(stages)
+        out[i] = dataclasses.replace(
+            stages[i],
+            remote_workers=int(pool.workers),
+            remote_items_per_s=remote_items * noise,
+            transfer_s_per_item=transfer,
+            transfer_bytes_per_item=pool.bytes_per_item if pool.workers > 0 else 0.0,
+        )
+        return tuple(out)
 
     def _oom(self, t: int, cpus: int, mem: float) -> Observation:
         """The job is killed: zero throughput now and for the restart delay; buffers are lost."""
@@ -507,6 +630,9 @@ class Simulator:
                 self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item, self._kinds, strict=True
             )
         )
+        pool = self.remote_pool
+        if pool is not None:
+            stages = self._with_remote(stages, 0.0, None)
         return Observation(
             tick=t,
             dt_s=self.dt_s,
@@ -521,4 +647,5 @@ class Simulator:
             oom=oom,
             demand=self._demand,
             host_memory_free_bytes=p.host_bytes - mem,
+            remote_cpus=float(pool.cpus) if pool is not None else 0.0,
         )

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from intune.monitor.observation import observed_kind
+
 WORKLOAD_DIR = Path(__file__).parent / "workloads"
 MODES = ("thread", "process")
 TAIL_KINDS = ("lognormal", "pareto")
@@ -62,6 +64,30 @@ class CostTailSpec:
 
 
 @dataclass(frozen=True)
+class RemotePoolSpec:
+    """Workers of a map stage on a remote cluster (knob ``<stage>.remote_workers``, unit ``cpu``).
+
+    ``nodes`` nodes of ``cpus_per_node`` CPUs, one worker per CPU, placed by packing (the first live
+    node is filled before the next). A chunk on a remote worker takes its rows' cost times
+    ``cost_factor`` (the cluster's CPUs against this machine's), plus ``latency_ms`` and its bytes (in and
+    out) over ``bandwidth_mb_s``: each node has a link of that bandwidth, shared by the workers on it.
+    ``node_loss`` maps a tick to the nodes lost at its start (the first live nodes, with the workers on
+    them). The model is ``intune.sim.remote``.
+    """
+
+    nodes: int = 4
+    cpus_per_node: int = 16
+    bandwidth_mb_s: float = 1000.0
+    latency_ms: float = 5.0
+    cost_factor: float = 1.0
+    node_loss: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def cpus(self) -> int:
+        return self.nodes * self.cpus_per_node
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     kind: str = "map"  # read | shuffle | map | udf | batch | prefetch | ... (informative, except "batch")
@@ -83,6 +109,7 @@ class StageSpec:
     drift: DriftSpec = field(default_factory=DriftSpec)
     cost_tail: CostTailSpec | None = None  # per-item cost drawn from this family (mean, cv as above)
     size_cv: float = 0.0  # cv of its items' size (bytes, list lengths): cost and bytes scale with it
+    remote: RemotePoolSpec | None = None  # workers on a remote cluster beside the local ones (map stages)
 
 
 @dataclass(frozen=True)
@@ -203,6 +230,11 @@ _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "chunk_rows": (1, None, True),
     "reference_ghz": (0.1, 10.0, False),
     "demand_share": (0.0, None, False),
+    "nodes": (1, 4096, True),
+    "cpus_per_node": (1, 1024, True),
+    "bandwidth_mb_s": (1e-3, None, False),
+    "latency_ms": (0.0, None, False),
+    "cost_factor": (1e-3, 1000.0, False),
 }
 
 
@@ -243,10 +275,35 @@ def _cost_tail(data: Any, where: str) -> CostTailSpec | None:
     return tail
 
 
+def _remote(data: Any, where: str) -> RemotePoolSpec | None:
+    if data is None:  # spelt-out default: no remote pool
+        return None
+    kw = _fields(RemotePoolSpec, data, where, {"node_loss": _node_loss})
+    pool = RemotePoolSpec(**kw)
+    lost = sum(pool.node_loss.values())
+    _check(
+        lost <= pool.nodes,
+        f"{where}.node_loss",
+        f"loses {lost} nodes in all, the pool has {pool.nodes}",
+    )
+    return pool
+
+
+def _node_loss(data: Any, where: str) -> dict[int, int]:
+    _check(isinstance(data, Mapping), where, "must map a tick to the nodes lost at it")
+    out: dict[int, int] = {}
+    for tick, lost in data.items():
+        t = _number(int(tick) if isinstance(tick, str) and tick.isdigit() else tick, f"{where}[{tick!r}]", 1, None, True)
+        out[t] = _number(lost, f"{where}[{tick!r}]", 1, None, True)
+    return out
+
+
 def _stage(data: Any, where: str) -> StageSpec:
     _check(isinstance(data, Mapping) and "name" in data, where, "a stage needs a 'name'")
     where = f"{where} ({data['name']})"
-    kw = _fields(StageSpec, data, where, {"buffer": _buffer, "drift": _drift, "cost_tail": _cost_tail})
+    kw = _fields(
+        StageSpec, data, where, {"buffer": _buffer, "drift": _drift, "cost_tail": _cost_tail, "remote": _remote}
+    )
     _check(
         isinstance(kw["name"], str) and kw["name"] and "." not in kw["name"],
         f"{where}.name",
@@ -275,6 +332,17 @@ def _stage(data: Any, where: str) -> StageSpec:
             kw.get("size_cv", 0.0) == 0,
             f"{where}.cost_tail",
             "and size_cv are exclusive: a stage's per-item cost follows its tail or its items' size",
+        )
+    if kw.get("remote") is not None:
+        _check(
+            observed_kind(kw.get("kind", "map")) == "map",
+            f"{where}.remote",
+            f"a remote pool is for map stages (kind map or udf), this stage's kind is {kw.get('kind')!r}",
+        )
+        _check(
+            kw.get("cost_tail") is None and kw.get("size_cv", 0.0) == 0,
+            f"{where}.remote",
+            "is modelled for regular stages only (no cost_tail, no size_cv)",
         )
     return StageSpec(**kw)
 
@@ -330,6 +398,19 @@ def validate(spec: WorkloadSpec) -> WorkloadSpec:
     for i, step in enumerate(spec.ladder):
         unknown = sorted(set(step) - set(names))
         _check(not unknown, f"{where}: ladder[{i}]", f"unknown stage(s) {unknown}; stages are {list(names)}")
+    remote = [s.name for s in spec.stages if s.remote is not None]
+    _check(
+        len(remote) <= 1,
+        f"{where}: stages",
+        f"one remote pool per workload (the Observation carries one remote_cpus), stages {remote} declare one",
+    )
+    irregular = [s.name for s in spec.stages if s.cost_tail is not None or s.size_cv > 0]
+    _check(
+        not (remote and irregular),
+        f"{where}: stages",
+        f"a remote pool ({remote[0] if remote else ''}) is modelled in workloads of regular stages only; "
+        f"irregular: {irregular}",
+    )
     m = spec.machine
     _check(
         m.base_memory_gb < m.memory_limit_gb,
