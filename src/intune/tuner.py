@@ -252,7 +252,9 @@ class Tuner:
                 f"Tuner.load_state_dict: the state holds policy {self.policy.name!r}'s state, but this policy keeps none"
             )
         with self._policy_lock:
-            self.restored = restore_knobs(knobs, {n: int(saved[n]["value"]) for n in knobs}, self.monitor.sample())
+            self.restored = restore_knobs(
+                knobs, {n: int(saved[n]["value"]) for n in knobs}, self.monitor.sample(), self._remote_cpus()
+            )
             if state["reward_scale"] is not None:
                 self.reward_scale = float(state["reward_scale"])
             if policy_state is None:
@@ -285,6 +287,11 @@ class Tuner:
                 where,
                 exc_info=exc,
             )
+
+    def _remote_cpus(self) -> float:
+        """The remote cluster's CPUs the pipeline may hold now (0 for a pipeline without remote workers)."""
+        read = getattr(self.pipeline, "remote_cpus", None)
+        return float(read()) if callable(read) else 0.0
 
     def _pipeline_closed(self) -> bool:
         # ``closed`` is the public flag; the engine's Pipeline keeps it as ``_closed`` for now
@@ -412,6 +419,7 @@ class Tuner:
             "host_free": obs.host_memory_free_bytes,
             "cpus": obs.cpus,
             "cpu_slack": obs.cpu_slack,
+            "remote_cpus": obs.remote_cpus,
             "light_stages": list(obs.light_stages()),
             "reward": r,
             "requested": requested,
@@ -428,6 +436,16 @@ class Tuner:
                     "queue_fill": round(s.queue_fill, 4),
                     "buffered_bytes": s.buffered_bytes,
                     "stalled": s.stalled,
+                    **(
+                        {
+                            "remote_workers": s.remote_workers,
+                            "remote_items_per_s": s.remote_items_per_s,
+                            "transfer_s_per_item": s.transfer_s_per_item,
+                            "transfer_bytes_per_item": s.transfer_bytes_per_item,
+                        }
+                        if s.remote_workers or s.remote_items_per_s
+                        else {}
+                    ),
                 }
                 for s in obs.stages
             },
@@ -439,11 +457,14 @@ TUNER_STATE_FORMAT = 1
 """The layout version of ``Tuner.state_dict()``; a state of another version is refused."""
 
 
-def restore_knobs(knobs: Mapping[str, Knob], values: Mapping[str, int], machine: MachineSample) -> ClampResult:
+def restore_knobs(
+    knobs: Mapping[str, Knob], values: Mapping[str, int], machine: MachineSample, remote_cpus: float = 0.0
+) -> ClampResult:
     """Set ``knobs`` to saved ``values``, cut to fit this machine by the rule every request passes
     (``clamp_request``), applied as if every knob stood at its minimum: workers are granted in the knobs'
     order until the machine's CPUs are used (each knob keeps at least its minimum), buffers until the
-    free memory is; then the knobs are set, decreases first.
+    free memory is, remote workers until the cluster's ``remote_cpus`` are; then the knobs are set,
+    decreases first.
 
     From the minimums, not from the values in place: a restored allocation must fit the machine it
     resumes on whatever the knobs hold now (a pipeline's own ``load_state_dict`` restores its knobs to
@@ -452,7 +473,7 @@ def restore_knobs(knobs: Mapping[str, Knob], values: Mapping[str, int], machine:
     """
     request = {name: knobs[name].clamp(v) for name, v in values.items()}
     floor = {name: Knob(name, k.unit, k.min, k.max, get=_constant(k.min), set=_refuse) for name, k in knobs.items()}
-    granted = clamp_request(floor, request, machine.cpus, machine.memory_free_bytes).applied
+    granted = clamp_request(floor, request, machine.cpus, machine.memory_free_bytes, remote_cpus=remote_cpus).applied
     target = {name: granted.get(name, k.min) for name, k in knobs.items()}
     applied = {name: v for name, v in target.items() if v != knobs[name].value}
     done = Runner(knobs).set(ClampResult(requested=dict(values), applied=applied)).applied

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from intune.knobs import Knob
+from intune.knobs import REMOTE_SETTING, Knob
 from intune.monitor.observation import Observation, StageObservation, cpu_slack, observed_kind
 from intune.pipeline.metrics import PipelineMetrics, StageMetrics
 
@@ -40,10 +40,25 @@ def _bytes_per_item(prev: StageMetrics | None, cur: StageMetrics, d_items: int) 
 
 
 def observe_stage(
-    prev: StageMetrics | None, cur: StageMetrics, dt: float, workers: int, buffer_mb: int
+    prev: StageMetrics | None,
+    cur: StageMetrics,
+    dt: float,
+    workers: int,
+    buffer_mb: int,
+    remote_workers: int = 0,
 ) -> StageObservation:
-    """One stage over ``dt`` seconds; ``prev`` is ``None`` for a stage that appeared during the tick."""
+    """One stage over ``dt`` seconds; ``prev`` is ``None`` for a stage that appeared during the tick.
+
+    With remote workers, ``items_per_s`` / ``rows_per_s`` count every chunk the stage emitted, while the
+    per-chunk costs (CPU, busy wall time) and the busy / starved / blocked fractions are the local
+    workers' (their counters only hold local work), so they are taken over the local chunks; the remote
+    chunks give ``remote_items_per_s`` and the transfer time and bytes per remote chunk.
+    """
     d_items = cur.items - (prev.items if prev else 0)
+    d_remote = cur.remote_items - (prev.remote_items if prev else 0)
+    d_local = d_items - d_remote
+    d_transfer_s = cur.transfer_s - (prev.transfer_s if prev else 0.0)
+    d_transfer_bytes = cur.transfer_bytes - (prev.transfer_bytes if prev else 0)
     d_rows = cur.rows - (prev.rows if prev else 0)
     d_cpu = cur.cpu_s - (prev.cpu_s if prev else 0.0)
     d_busy = cur.busy_s - (prev.busy_s if prev else 0.0)
@@ -63,8 +78,8 @@ def observe_stage(
         buffer_mb=buffer_mb,
         items_per_s=max(0, d_items) / dt,
         rows_per_s=max(0, d_rows) / dt,
-        cpu_s_per_item=max(0.0, d_cpu) / d_items if d_items > 0 else 0.0,
-        wall_s_per_item=max(0.0, d_busy) / d_items if d_items > 0 else 0.0,
+        cpu_s_per_item=max(0.0, d_cpu) / d_local if d_local > 0 else 0.0,
+        wall_s_per_item=max(0.0, d_busy) / d_local if d_local > 0 else 0.0,
         bytes_per_item=_bytes_per_item(prev, cur, d_items),
         busy=fraction(d_busy),
         starved=fraction(d_starved),
@@ -73,6 +88,10 @@ def observe_stage(
         buffered_bytes=float(cur.buffered_bytes),
         stalled=bool(cur.stalled),
         kind=observed_kind(cur.kind),
+        remote_workers=remote_workers,
+        remote_items_per_s=max(0, d_remote) / dt,
+        transfer_s_per_item=max(0.0, d_transfer_s) / d_remote if d_remote > 0 else 0.0,
+        transfer_bytes_per_item=max(0, d_transfer_bytes) / d_remote if d_remote > 0 else 0.0,
     )
 
 
@@ -90,7 +109,7 @@ def observe(
 
     Throughput is rows delivered to the consumer per second over the tick; the step time is the
     engine's recent consumer step time. Stages come in the engine's order. ``knobs`` maps knob names
-    to Knobs or to their values.
+    to Knobs or to their values. ``remote_cpus`` is the snapshot's (``PipelineMetrics.remote_cpus``).
     """
     dt = cur.time_s - prev.time_s
     if dt <= 0:
@@ -104,6 +123,7 @@ def observe(
             dt,
             workers=_knob_value(knobs, f"{name}.workers"),
             buffer_mb=_knob_value(knobs, f"{name}.buffer_mb"),
+            remote_workers=_knob_value(knobs, f"{name}.{REMOTE_SETTING}"),
         )
         for name, stage in cur.stages.items()
     )
@@ -118,6 +138,7 @@ def observe(
         stages=stages,
         host_memory_free_bytes=float(host_free),
         cpu_slack=cpu_slack(stages),
+        remote_cpus=float(cur.remote_cpus),
     )
 
 

@@ -3,6 +3,7 @@
 Modules: ``engine`` (the builder, knobs, metrics), ``epoch`` (a running epoch, the consumer's end),
 ``stages`` (the stage base, read and map), ``serial_stages`` (shuffle, batch, prefetch), ``pool``
 (resizable worker pools), ``procworker`` and ``shm`` (process workers over shared memory),
+``remote_ray`` (a map stage's remote workers: Ray actors beside the local ones),
 ``channel`` (bounded, ordered queues), ``shuffle`` and ``batcher`` (pure algorithms), ``sources``
 and ``criteo`` (readers), ``columns`` (Arrow columns as numpy: strings as fixed-width arrays),
 ``metrics`` (the snapshot contract).
@@ -10,6 +11,7 @@ and ``criteo`` (readers), ``columns`` (Arrow columns as numpy: strings as fixed-
 
 from intune.pipeline.engine import Pipeline
 from intune.pipeline.errors import (
+    ClusterError,
     PipelineClosedError,
     PipelineError,
     SchemaError,
@@ -20,6 +22,7 @@ from intune.pipeline.errors import (
 )
 
 __all__ = [
+    "ClusterError",
     "Pipeline",
     "PipelineClosedError",
     "PipelineError",

@@ -50,6 +50,7 @@ from intune.pipeline.stages import (
     Stage,
     check_int,
     check_map_arguments,
+    check_remote_arguments,
     check_seconds,
 )
 
@@ -267,6 +268,9 @@ class Pipeline:
         on_error: str = "raise",
         workers: int = 1,
         timeout_s: float | None = None,
+        remote: str | None = None,
+        address: str | None = None,
+        remote_workers: int | None = None,
     ) -> Pipeline:
         """Apply ``fn`` (chunk -> chunk) in ``thread`` or ``process`` workers (``<name>.workers``).
 
@@ -283,10 +287,22 @@ class Pipeline:
         shared memory in ``/dev/shm`` (Linux). A map placed after ``batch`` may change column lengths (e.g. deduplication); rows are still
         counted as the source rows the chunk came from. ``on_error="skip"`` drops a failing chunk and
         counts it in the stage's ``skipped`` metric.
+
+        ``remote="ray"`` (process mode, the ``ray`` extra) also runs the function on Ray actors of 1 CPU
+        each beside the local workers: ``remote_workers`` of them (default 1; the knob
+        ``<name>.remote_workers``), on the cluster at ``address`` (``"host:port"``, ``"auto"``, or None:
+        the Ray this process uses, else ``"auto"``, else a local Ray started for it). Chunks travel
+        through Ray's object store; order, errors, ``on_error`` and ``timeout_s`` are those of process
+        mode, and a lost actor or node loses no chunk. See docs/remote.md.
         """
         workers, timeout_s = check_map_arguments("map", fn, mode, on_error, workers, timeout_s, self.max_workers)
+        n_remote = check_remote_arguments("map", mode, remote, address, remote_workers)
         name = name if name is not None else self._fresh_name("map")
-        return self._add(MapStage(fn, name, mode, on_error, self.max_workers, workers, timeout_s))
+        return self._add(
+            MapStage(
+                fn, name, mode, on_error, self.max_workers, workers, timeout_s, remote, address, n_remote
+            )
+        )
 
     def map_rows(
         self,
@@ -296,6 +312,9 @@ class Pipeline:
         on_error: str = "raise",
         workers: int = 1,
         timeout_s: float | None = None,
+        remote: str | None = None,
+        address: str | None = None,
+        remote_workers: int | None = None,
     ) -> Pipeline:
         """Apply ``fn`` (one row -> one row) to every row, in ``process`` (default) or ``thread`` workers.
 
@@ -306,13 +325,19 @@ class Pipeline:
         the epoch with ``StageError`` naming the stage, the row's source and values and the function's
         traceback, or with ``on_error="skip"`` is left out and counted (``skipped`` counts rows). A
         broken contract (not a dict; keys or types that change between rows) always raises. See
-        ``intune.pipeline.row_map``.
+        ``intune.pipeline.row_map``. ``remote``, ``address``, ``remote_workers``: remote workers on a Ray
+        cluster, as for ``map``.
         """
         from intune.pipeline.row_map import RowMapStage
 
         workers, timeout_s = check_map_arguments("map_rows", fn, mode, on_error, workers, timeout_s, self.max_workers)
+        n_remote = check_remote_arguments("map_rows", mode, remote, address, remote_workers)
         name = name if name is not None else self._fresh_name("map_rows")
-        return self._add(RowMapStage(fn, name, mode, on_error, self.max_workers, workers, timeout_s))
+        return self._add(
+            RowMapStage(
+                fn, name, mode, on_error, self.max_workers, workers, timeout_s, remote, address, n_remote
+            )
+        )
 
     def dedup(
         self, groups: Mapping[str, Sequence[str]], name: str = "dedup", mode: str = "thread", workers: int = 1
@@ -406,8 +431,21 @@ class Pipeline:
         """``knobs[name].set(value)`` with an error listing the knobs when ``name`` is unknown."""
         self.knobs[name].set(value)
 
+    def remote_cpus(self) -> float:
+        """The cluster's CPUs this pipeline's remote workers may hold now: the free CPUs Ray reports plus
+        those its remote workers hold (0 without remote stages or before they connected). Never waits
+        long on the cluster (``remote_ray.cluster_free_cpus``)."""
+        remote = [s for s in self._stages if isinstance(s, MapStage) and s.remote is not None]
+        if not any(s.remote.connected for s in remote if s.remote is not None):
+            return 0.0
+        from intune.pipeline.remote_ray import cluster_free_cpus
+
+        return cluster_free_cpus() + sum(s.remote_cpus_held() for s in remote)
+
     def metrics(self) -> PipelineMetrics:
-        """A cheap snapshot: per-stage counters and gauges, rows out, recent rate and step time."""
+        """A cheap snapshot: per-stage counters and gauges, rows out, recent rate and step time, and the
+        remote cluster's CPUs (``remote_cpus``)."""
+        remote_cpus = self.remote_cpus()
         c = self._consumer
         now = time.monotonic()
         rate, step_s = c.recent(now)
@@ -421,6 +459,7 @@ class Pipeline:
             consumer_wait_s=c.wait_s,
             buffered_bytes=sum(m.buffered_bytes for m in stages.values()),
             stages=stages,
+            remote_cpus=remote_cpus,
         )
 
     # ---- epochs ----------------------------------------------------------------------------------

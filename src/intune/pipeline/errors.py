@@ -54,3 +54,8 @@ class PipelineClosedError(PipelineError):
     """The epoch this iterator was reading was stopped before its end: the pipeline was closed, or a
     new epoch was started, so the rows delivered so far are not a whole epoch. Only an epoch that
     delivered everything ends with ``StopIteration``."""
+
+
+class ClusterError(PipelineError):
+    """A map stage's remote workers cannot run: the Ray cluster named by ``address`` cannot be reached,
+    ``address="auto"`` finds none, or this process is already connected to another one."""

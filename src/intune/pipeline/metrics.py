@@ -33,6 +33,16 @@ class StageMetrics:
     bytes_out: int = 0  # bytes of the chunks this stage has emitted (cumulative)
     stalled_s: float = 0.0  # gauge: seconds the oldest work in hand has gone without progress
     stalled: bool = False  # gauge: stalled_s is past the pipeline's stall_after_s (hung, not starved)
+    # a map stage's remote workers (``remote_ray``): items, rows and bytes_out above count their output
+    # too; cpu_s, busy_s, starved_s, blocked_s and workers are the local workers' only
+    remote_workers: int = 0  # gauge: value of "<name>.remote_workers" (0 without a remote pool)
+    remote_items: int = 0  # chunks the remote workers emitted (cumulative)
+    remote_rows: int = 0  # rows the remote workers emitted (cumulative)
+    remote_cpu_s: float = 0.0  # CPU seconds the remote workers spent in the function (cumulative)
+    remote_busy_s: float = 0.0  # wall seconds the remote workers spent in the function (cumulative)
+    transfer_s: float = 0.0  # seconds remote chunks spent in transit, both ways (cumulative)
+    transfer_bytes: int = 0  # bytes remote chunks moved, both ways (cumulative)
+    remote_restarts: int = 0  # remote workers lost (actor or node died) while holding chunks (cumulative)
 
 
 @dataclass(frozen=True)
@@ -47,3 +57,4 @@ class PipelineMetrics:
     consumer_wait_s: float  # cumulative time the consumer waited inside next()
     buffered_bytes: int  # sum over stages
     stages: dict[str, StageMetrics] = field(default_factory=dict)
+    remote_cpus: float = 0.0  # gauge: the cluster's free CPUs plus those this pipeline's remote workers hold (0: none)

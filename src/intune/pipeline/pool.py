@@ -6,6 +6,8 @@ channel is held by one worker until it is delivered, and a worker only retires b
 resize (from any thread, at any moment) can neither lose nor repeat a row. Raising the target wakes
 parked workers (or starts threads); lowering it lets surplus workers park after the chunk in hand.
 ``ProcessPoolRun`` is the same loop for process workers, keeping two chunks in flight per child.
+``Rescue`` hands the chunks of a remote worker that was lost (``remote_ray``) to the stage's other
+workers under their original sequence numbers, so that they too are delivered once.
 This module must not know what ``process`` does (read a unit, apply a function in a thread).
 """
 
@@ -148,13 +150,73 @@ def any_alive(threads: list[Any]) -> bool:
     return any(t.is_alive() for t in threads)
 
 
+class Rescue:
+    """Chunks taken from a stage's input whose remote worker was lost, for its other workers to finish.
+
+    A remote worker that takes a chunk (from the input or from here) holds it until its result is
+    delivered or it ``give``s it back; ``hold`` is called *before* it asks the input for a chunk, so
+    that between a chunk leaving the input and a rescue there is never a moment when the chunk is
+    counted nowhere. The local workers take rescued chunks before new input and, once the input has
+    ended, stay until ``settled``: nothing left here and nothing held remotely that could come back.
+    A rescued chunk keeps its sequence number and the window slot reserved for it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._items: deque[tuple[int, Item, int]] = deque()  # (seq, item, remote deaths so far)
+        self._held = 0
+
+    def hold(self, n: int = 1) -> None:
+        """A remote worker holds (or is about to take) ``n`` more chunks."""
+        with self._cond:
+            self._held += n
+
+    def release(self, n: int = 1) -> None:
+        """A remote worker no longer holds ``n`` chunks (delivered, or nothing came from the input)."""
+        with self._cond:
+            self._held -= n
+            self._cond.notify_all()
+
+    def give(self, chunks: list[tuple[int, Item, int]]) -> None:
+        """A remote worker's chunks in flight, for another worker (they stop being held)."""
+        with self._cond:
+            self._items.extend(chunks)
+            self._held -= len(chunks)
+            self._cond.notify_all()
+
+    def take(self, remote: bool = False) -> tuple[int, Item, int] | None:
+        """The oldest rescued chunk, if any; a ``remote`` taker holds it from then on."""
+        with self._cond:
+            if not self._items:
+                return None
+            if remote:
+                self._held += 1
+            return self._items.popleft()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._items)
+
+    def settled(self) -> bool:
+        """Nothing to rescue now, and no remote worker holds a chunk that could come back."""
+        with self._cond:
+            return not self._items and self._held <= 0
+
+    def wait(self, timeout: float) -> None:
+        with self._cond:
+            if self._items or self._held <= 0:
+                return
+            self._cond.wait(timeout)
+
+
 class ProcessPoolRun(PoolRun):
     """A pool whose workers each drive one child process with up to ``SLOTS`` chunks in flight.
 
     The same exactly-once argument holds: a chunk taken from the input stays in the worker's
     ``pending`` list until its result (or its failure) is delivered; a dead child is replaced and the
     chunks in flight are re-sent in order. A retiring worker takes no new chunk, delivers the ones in
-    flight, then parks (its child idles in ``recv``).
+    flight, then parks (its child idles in ``recv``). With a ``rescue`` (a stage with remote workers) the
+    active workers take rescued chunks first and stay past the input's end until it is ``settled``.
     """
 
     def __init__(
@@ -173,8 +235,10 @@ class ProcessPoolRun(PoolRun):
         stats: StageStats,
         fail: Callable[[BaseException], None],
         stop: threading.Event,
+        rescue: Rescue | None = None,
     ) -> None:
         super().__init__(name, target, _unused, inp, out, stats, fail, stop)
+        self._rescue = rescue
         self._worker_for = worker_for
         self._failed = failed
         self._lost = lost
@@ -196,17 +260,31 @@ class ProcessPoolRun(PoolRun):
             if index < self._target():
                 worker = self._worker_for(index)
                 worker.ensure_started()
+            rescue = self._rescue
             while not self._stop.is_set():
                 retired = index >= self._target()
                 if not pending and (retired or ended):
                     if reserved:
                         self._out.unreserve()
                         reserved = False
-                    if ended or self._park(index):
+                    if ended and not retired and rescue is not None and not rescue.settled():
+                        rescue.wait(0.2)  # a remote worker may still give chunks back
+                    elif ended or self._park(index):
                         return
-                    continue
+                    if not ended:
+                        continue
                 t0 = clock()
-                while not retired and not ended and len(pending) < SLOTS:
+                while not retired and len(pending) < SLOTS:
+                    rescued = rescue.take() if rescue is not None else None
+                    if rescued is not None:
+                        if worker is None:
+                            worker = self._worker_for(index)
+                        worker.submit(rescued[1].chunk)
+                        pending.append(rescued[:2])
+                        stats.held_bytes += rescued[1].nbytes
+                        continue
+                    if ended:
+                        break
                     wait = 0.0 if pending else 0.2
                     if not reserved:
                         reserved = self._out.reserve(timeout=wait)

@@ -3,8 +3,8 @@
 Owns the adapter between the engine's chunks (dicts of columns) and a function written for one row
 (what a ``Dataset.__getitem__`` does): ``RowFunction`` cuts a chunk into rows, calls the function on
 each and stacks its outputs back into columns, checking the row contract as it goes; ``RowMapStage`` is
-the map stage that runs it (thread or process workers, the ``<stage>.workers`` knob, the stage's schema
-and timeouts, all as ``map``), and turns a failure into an error that names the row.
+the map stage that runs it (thread or process workers, the ``<stage>.workers`` knob, remote workers, the
+stage's schema and timeouts, all as ``map``), and turns a failure into an error that names the row.
 
 The row contract. The function gets a ``dict`` of the chunk's columns at one row: numpy scalars
 (``numpy.float32``, ``numpy.int64``, ``numpy.bytes_`` / ``numpy.str_`` for string columns, which are
@@ -358,9 +358,21 @@ class RowMapStage(MapStage):
         max_workers: int,
         workers: int = 1,
         timeout_s: float | None = None,
+        remote: str | None = None,
+        address: str | None = None,
+        remote_workers: int = 0,
     ) -> None:
         super().__init__(
-            RowFunction(fn, on_error == "skip"), name, mode, on_error, max_workers, workers, timeout_s
+            RowFunction(fn, on_error == "skip"),
+            name,
+            mode,
+            on_error,
+            max_workers,
+            workers,
+            timeout_s,
+            remote,
+            address,
+            remote_workers,
         )
         self._rows_lock = threading.Lock()
         self.skipped_rows = 0

@@ -3,7 +3,8 @@
 Owns ``Stage`` (name, kind, knobs, counters, metrics snapshot), the one-thread loop that serial
 stages use (``sequential_loop``), and ``ReadStage`` / ``MapStage``: a resizable set of thread or
 process workers behind a ``<stage>.workers`` knob, with UDF failures turned into ``StageError`` or
-skips and dead process workers restarted a bounded number of times. The read stage stamps each chunk
+skips and dead process workers restarted a bounded number of times; a map stage with ``remote="ray"``
+also runs remote workers behind ``<stage>.remote_workers`` (``remote_pool``, ``remote_ray``). The read stage stamps each chunk
 with its read address and, in a resumed epoch, reads the refill first (``resume``). A stage object lives as long as
 the pipeline (knobs, counters, parked process workers); ``start`` builds its threads and output
 channel for one epoch. The serial stages (shuffle, batch, prefetch) live in ``serial_stages``. It must
@@ -26,8 +27,10 @@ from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.chunks import Chunk, Origin, RowTable, nbytes
 from intune.pipeline.errors import SchemaError, SourceError, StageError, StageTimeoutError, WorkerLostError
 from intune.pipeline.metrics import StageMetrics
-from intune.pipeline.pool import PoolRun, ProcessPoolRun
+from intune.pipeline.pool import PoolRun, ProcessPoolRun, Rescue
 from intune.pipeline.procworker import SLOTS, ProcessWorker, RemoteError
+from intune.pipeline.remote_pool import RemotePoolRun
+from intune.pipeline.remote_ray import MAX_REMOTE_WORKERS, RemoteWorkers, check_address, require_ray
 from intune.pipeline.schema import Schema
 from intune.pipeline.sources import Source
 from intune.pipeline.stats import StageStats, WorkerStats
@@ -173,6 +176,30 @@ def check_map_arguments(
         raise ValueError(f"{method}: on_error must be 'raise' or 'skip', got {on_error!r}")
     workers = check_int("workers", workers, 1, max_workers)
     return workers, (check_seconds("timeout_s", timeout_s) if timeout_s is not None else None)
+
+
+def check_remote_arguments(method: str, mode: str, remote: Any, address: Any, remote_workers: Any) -> int:
+    """The remote-worker arguments of ``map`` / ``map_rows``, checked: the initial ``remote_workers``
+    (0 without ``remote``). The ``ValueError`` names the method and the argument; ``remote="ray"``
+    without Ray installed raises ``ImportError`` naming the extra."""
+    if remote is None:
+        if address is not None:
+            raise ValueError(f"{method}: address={address!r} is where remote workers run; pass remote='ray' too")
+        if remote_workers is not None:
+            raise ValueError(f"{method}: remote_workers={remote_workers!r} needs remote='ray'")
+        return 0
+    if remote != "ray":
+        raise ValueError(f"{method}: remote must be None or 'ray', got {remote!r}")
+    if mode != "process":
+        raise ValueError(
+            f"{method}: remote='ray' needs mode='process' (remote workers run the function as process "
+            f"workers do), got mode={mode!r}"
+        )
+    if address is not None:
+        check_address(method, address)
+    n = check_int(f"{method}: remote_workers", 1 if remote_workers is None else remote_workers, 0, MAX_REMOTE_WORKERS)
+    require_ray(method)
+    return n
 
 
 def sequential_loop(
@@ -403,6 +430,9 @@ class MapStage(PooledStage):
         max_workers: int,
         workers: int = 1,
         timeout_s: float | None = None,
+        remote: str | None = None,
+        address: str | None = None,
+        remote_workers: int = 0,
     ) -> None:
         super().__init__(name, max_workers, workers)
         self.fn = fn
@@ -426,6 +456,69 @@ class MapStage(PooledStage):
                 raise ValueError(
                     f"map stage {name!r}: the function cannot be pickled for process mode: {exc}"
                 ) from exc
+        # remote workers (``remote="ray"``): Ray actors beside the local ones, their own knob and counters
+        self.remote: RemoteWorkers | None = None
+        self._remote_target = 0
+        self._remote_stats = StageStats()
+        self._remote_run: RemotePoolRun | None = None
+        if remote is not None:
+            self.remote = RemoteWorkers(name, self._blob, address)
+            self._remote_target = remote_workers
+            self.knobs.append(
+                Knob(
+                    f"{name}.remote_workers",
+                    "cpu",
+                    0,
+                    MAX_REMOTE_WORKERS,
+                    self._get_remote_workers,
+                    self._set_remote_workers,
+                )
+            )
+
+    def _get_remote_workers(self) -> int:
+        return self._remote_target
+
+    def _set_remote_workers(self, value: int) -> None:
+        self._remote_target = value
+        run = self._remote_run
+        if run is not None:
+            run.resize()
+
+    def remote_cpus_held(self) -> int:
+        """CPUs of the cluster this stage's remote workers hold now (0 without remote workers)."""
+        return self.remote.held_cpus() if self.remote is not None else 0
+
+    def detach(self) -> None:
+        super().detach()
+        self._remote_run = None
+
+    def snapshot(self) -> StageMetrics:
+        """As every stage; with remote workers, their output counted in items, rows and bytes, and their
+        own counters (time, CPU, transfers) in the ``remote_*`` fields."""
+        base = super().snapshot()
+        if self.remote is None:
+            return base
+        r = self._remote_stats.totals()
+        since, _ = self._remote_stats.oldest_work()
+        stalled_s = max(base.stalled_s, time.perf_counter() - since if since else 0.0)
+        return dataclasses.replace(
+            base,
+            items=base.items + int(r["items"]),
+            rows=base.rows + int(r["rows"]),
+            bytes_out=base.bytes_out + int(r["bytes_out"]),
+            skipped=base.skipped + int(r["skipped"]),
+            buffered_bytes=base.buffered_bytes + int(r["held_bytes"]),
+            stalled_s=stalled_s,
+            stalled=stalled_s > self.stall_after_s,
+            remote_workers=self._remote_target,
+            remote_items=int(r["items"]),
+            remote_rows=int(r["rows"]),
+            remote_cpu_s=float(r["cpu_s"]),
+            remote_busy_s=float(r["busy_s"]) + self._remote_stats.in_hand_s(time.perf_counter()),
+            transfer_s=float(r["transfer_s"]),
+            transfer_bytes=int(r["transfer_bytes"]),
+            remote_restarts=int(r["restarts"]),
+        )
 
     def _failed(self, item: Item, stats: WorkerStats, exc: BaseException, text: str) -> list[Item]:
         if self.on_error == "skip":
@@ -517,9 +610,12 @@ class MapStage(PooledStage):
             if self.timeout_s is not None:
                 epoch.spawn(lambda: self._watch(epoch), f"{self.name}-watchdog")
             return self._start_pool(epoch, inp, in_thread)
+        if self.remote is not None:
+            self.remote.connect()  # the first epoch connects; a cluster that cannot be reached fails it here
         out = epoch.channel(f"{self.name}.out", ordered=epoch.deterministic, window=self.window)
         self._out = out
         label = f"{epoch.label}-{self.name}"
+        rescue = Rescue() if self.remote is not None else None
 
         def lost(item: Item, exc: BaseException) -> BaseException:
             where = origin_words(item)
@@ -542,11 +638,45 @@ class MapStage(PooledStage):
             self.stats,
             epoch.fail,
             epoch.stop,
+            rescue,
         )
         self._run = run
         epoch.pools.append(run)
         run.start()
+        if self.remote is not None and rescue is not None:
+            self._start_remote(epoch, inp, out, rescue)
         return out
+
+    def _start_remote(self, epoch: EpochContext, inp: Channel, out: Channel, rescue: Rescue) -> None:
+        """The remote workers' threads on the same channels as the local workers (``remote_pool``)."""
+        assert self.remote is not None
+
+        def lost(item: Item, exc: BaseException) -> BaseException:
+            return WorkerLostError(
+                f"stage {self.name!r}: {self.max_attempts} remote workers in a row were lost while holding "
+                f"{origin_words(item)} (last: {exc})"
+            )
+
+        run = RemotePoolRun(
+            self.name,
+            self._get_remote_workers,
+            self.remote,
+            lambda item, stats, exc: self._failed(item, stats, exc, getattr(exc, "remote_traceback", "")),
+            lost,
+            self._deliver,
+            self._timed_out,
+            self.timeout_s,
+            self.max_attempts,
+            inp,
+            out,
+            self._remote_stats,
+            epoch.fail,
+            epoch.stop,
+            rescue,
+        )
+        self._remote_run = run
+        epoch.pools.append(run)
+        run.start()
 
     def _timed_out(self, item: Item, stats: WorkerStats) -> list[Item]:
         """A process worker's chunk past ``timeout_s`` (its child was killed): skipped and counted
@@ -571,11 +701,15 @@ class MapStage(PooledStage):
 
     def window(self) -> int:
         """Chunks taken but not yet delivered: room for every worker's chunks in flight, plus slack."""
-        return (SLOTS + 1) * self._target + 2 if self.mode == "process" else 2 * self._target + 2
+        if self.mode == "process":
+            return (SLOTS + 1) * (self._target + self._remote_target) + 2
+        return 2 * self._target + 2
 
     def close(self) -> None:
         with self._procs_lock:
             self._closed = True
             procs, self._procs = self._procs, []
+        if self.remote is not None:
+            self.remote.close()
         for p in procs:
             p.close()

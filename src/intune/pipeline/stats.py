@@ -1,7 +1,7 @@
 """Per-worker counters of a stage, summed into a snapshot without locks.
 
 Owns the cumulative counters behind ``StageMetrics`` (items, rows, CPU, busy, starved, blocked,
-skipped, restarts, bytes out) and two gauges (bytes a worker holds in hand, and since when it has
+skipped, restarts, bytes out, and for remote workers the transfer time and bytes) and two gauges (bytes a worker holds in hand, and since when it has
 held work without progress). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
 lock and a snapshot is a cheap sum. It must not compute rates.
 """
@@ -23,6 +23,8 @@ class WorkerStats:
     skipped: int = 0
     restarts: int = 0
     bytes_out: int = 0
+    transfer_s: float = 0.0  # remote workers: seconds their chunks spent in transit, both ways
+    transfer_bytes: int = 0  # remote workers: bytes their chunks moved, both ways
     held_bytes: int = 0  # gauge: bytes of the chunks this worker has taken and not yet delivered
     # gauge: perf_counter() since when this worker has held work without delivering (0.0: none in
     # hand), and the item it waits on; the stall watchdog and the stalled metric read them
@@ -43,6 +45,8 @@ class StageStats:
         "skipped",
         "restarts",
         "bytes_out",
+        "transfer_s",
+        "transfer_bytes",
         "held_bytes",
     )
 

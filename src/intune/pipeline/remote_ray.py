@@ -1,0 +1,486 @@
+"""Ray for a map stage's remote workers: the connection, the actors, the cluster's free CPUs.
+
+Owns everything that touches Ray, which is imported lazily so that intune works without the ``ray``
+extra (asking for ``remote="ray"`` without it raises ``ImportError`` naming the extra):
+
+- ``check_address`` / ``require_ray``: the arguments ``map(..., remote="ray")`` is checked with;
+- ``connect``: once per process, at a remote stage's first epoch. An ``address`` (``"host:port"``)
+  is connected to with ``ray.init(address=...)`` after a quick check that something answers there
+  (Ray itself would retry a dead address for minutes); ``"auto"`` finds a running cluster or raises;
+  ``None`` (the default) reuses a Ray this process already initialised, else tries ``"auto"``, else
+  starts a local Ray and says so in a log line;
+- ``RayActor``: one remote worker, a Ray actor (1 CPU) that loads the stage's pickled function once
+  and applies it to chunks that travel through Ray's object store (``ray.put`` / an actor call; the
+  result is copied out of the store, so no object outlives its chunk's delivery);
+- ``RemoteWorkers``: a stage's actors by index, for the pipeline's life (like parked process
+  workers); a retired, hung or lost actor is killed at once, and ``close`` kills them all;
+- ``cluster_free_cpus``: the free CPUs Ray reports, read on a background thread at most every
+  ``CLUSTER_READ_EVERY_S`` and never waited on for long, so that a dead cluster cannot hang the
+  tuner.
+
+It must not know about channels or pools (``remote_pool`` drives the actors).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from intune.pipeline.channel import Stopped
+from intune.pipeline.chunks import Chunk
+from intune.pipeline.errors import ClusterError
+from intune.pipeline.remote_pool import RemoteInitError, RemoteLost
+
+log = logging.getLogger(__name__)
+
+RAY_EXTRA = "pip install intune[ray]"
+MAX_REMOTE_WORKERS = 1024
+"""Upper bound of every ``<stage>.remote_workers`` knob: generous, since the live bound is the
+cluster's CPUs (``Observation.remote_cpus``), which the runner clamps requests to."""
+REACH_TIMEOUT_S = 3.0
+"""How long ``connect`` waits for a TCP answer from a cluster's address before calling it unreachable."""
+CLUSTER_READ_EVERY_S = 0.5
+"""A reading of the cluster's free CPUs younger than this is reused (a tuner's tick reads it once)."""
+CLUSTER_WAIT_S = 0.25
+"""How long a caller waits for a fresh reading before taking the last one."""
+CLUSTER_DEAD_AFTER_S = 5.0
+"""A reading outstanding this long means the cluster does not answer: it offers 0 CPUs then."""
+
+
+def require_ray(what: str) -> Any:
+    """The ``ray`` module, or an ``ImportError`` naming ``what`` asked for it and the extra to install."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"{what}: remote='ray' needs Ray, which is not installed ({exc}); install the extra: {RAY_EXTRA}"
+        ) from exc
+    return ray
+
+
+def check_address(what: str, address: Any) -> str:
+    """``address`` if it is ``"auto"`` or ``"host:port"``; else a ``ValueError`` naming ``what``."""
+    if not isinstance(address, str) or not address:
+        raise ValueError(f"{what}: address must be None, 'auto' or 'host:port', got {address!r}")
+    if address == "auto":
+        return address
+    if address.startswith("ray://"):
+        raise ValueError(
+            f"{what}: address={address!r} is a Ray Client address, which intune does not use: run the "
+            "trainer on a node of the cluster (ray start --address=<head>:6379) and pass the head's "
+            "'host:port', or None to use that node's cluster"
+        )
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what}: address must be None, 'auto' or 'host:port', got {address!r}")
+    return address
+
+
+def _reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> bool:
+    """Whether something accepts a TCP connection at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _auto_address() -> str | None:
+    """The address ``ray.init(address="auto")`` would use (``RAY_ADDRESS``, the last ``ray start``, a
+    running local cluster), or None when there is none."""
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":
+        return env
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address("auto")
+    except Exception:  # noqa: BLE001 - none found (ConnectionError), or another Ray's internals
+        return None
+
+
+_connect_lock = threading.Lock()
+
+
+def connect(address: str | None, stage: str) -> Any:
+    """Connect this process to Ray for ``stage``'s remote workers (once per process); the ``ray`` module.
+
+    Raises ``ClusterError`` naming the stage and the address when it cannot be reached, when ``"auto"``
+    finds no cluster, or when this process is connected to another cluster than ``address``.
+    """
+    ray = require_ray(f"stage {stage!r}")
+    with _connect_lock:
+        if ray.is_initialized():
+            if address not in (None, "auto"):
+                current = _current_address(ray)
+                if current is not None and not _same_address(current, address):
+                    raise ClusterError(
+                        f"stage {stage!r}: address={address!r}, but this process is already connected to "
+                        f"the Ray cluster at {current} (one Ray connection per process)"
+                    )
+            return ray
+        if address is None or address == "auto":
+            found = _auto_address()
+            if found is not None and _reachable(found):
+                _init(ray, found, stage)
+                log.info("stage %r: remote workers on the Ray cluster at %s", stage, found)
+                return ray
+            if address == "auto":
+                seen = f" (the last one was at {found}, which does not answer)" if found else ""
+                raise ClusterError(
+                    f"stage {stage!r}: address='auto' found no running Ray cluster{seen}; start one "
+                    "(ray start --head) or pass address=None to have intune start a local Ray"
+                )
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+            cpus = ray.cluster_resources().get("CPU", 0)
+            log.warning(
+                "stage %r: no Ray cluster found (address=None tried 'auto'); started a local Ray with this "
+                "machine's %g CPUs for the remote workers (pass address='host:port' to use a cluster)",
+                stage,
+                cpus,
+            )
+            return ray
+        if not _reachable(address):
+            raise ClusterError(
+                f"stage {stage!r}: no Ray cluster answers at address={address!r} within {REACH_TIMEOUT_S:g} s "
+                "(is `ray start --head` running there, and the port open?)"
+            )
+        _init(ray, address, stage)
+        log.info("stage %r: remote workers on the Ray cluster at %s", stage, address)
+        return ray
+
+
+def _init(ray: Any, address: str, stage: str) -> None:
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except Exception as exc:
+        raise ClusterError(f"stage {stage!r}: ray.init(address={address!r}) failed: {exc}") from exc
+
+
+def _current_address(ray: Any) -> str | None:
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - an older Ray without it: nothing to compare
+        return None
+
+
+def _same_address(a: str, b: str) -> bool:
+    """Whether two ``host:port`` addresses name the same endpoint (``localhost`` vs its IP)."""
+    ha, _, pa = a.rpartition(":")
+    hb, _, pb = b.rpartition(":")
+    if pa != pb:
+        return False
+    try:
+        return socket.gethostbyname(ha) == socket.gethostbyname(hb) or ha == hb
+    except OSError:
+        return ha == hb
+
+
+# ---- the cluster's free CPUs ------------------------------------------------------------------------
+
+
+class ClusterCpus:
+    """The free CPUs Ray reports, re-read on a background thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._value = 0.0
+        self._at = -float("inf")  # monotonic() of the last reading
+        self._since: float | None = None  # monotonic() when the reading in progress started
+        self._failures = 0
+
+    def free(self) -> float:
+        now = time.monotonic()
+        with self._cond:
+            if self._since is None and now - self._at >= CLUSTER_READ_EVERY_S:
+                self._since = now
+                threading.Thread(target=self._read, name="intune-ray-cpus", daemon=True).start()
+            if self._since is not None:
+                self._cond.wait_for(lambda: self._since is None, CLUSTER_WAIT_S)
+            if self._since is not None and time.monotonic() - self._since > CLUSTER_DEAD_AFTER_S:
+                return 0.0  # the cluster does not answer: it offers nothing now
+            return self._value
+
+    def _read(self) -> None:
+        value = 0.0
+        try:
+            import ray
+
+            if ray.is_initialized():
+                value = float(ray.available_resources().get("CPU", 0.0))
+        except Exception as exc:  # noqa: BLE001 - a cluster that went away offers 0 CPUs
+            if self._failures == 0:
+                log.warning("reading the Ray cluster's free CPUs failed (%s: %s); counting 0", type(exc).__name__, exc)
+            self._failures += 1
+        with self._cond:
+            self._value, self._at, self._since = value, time.monotonic(), None
+            self._cond.notify_all()
+
+
+_cluster_cpus = ClusterCpus()
+
+
+def cluster_free_cpus() -> float:
+    """The CPUs Ray reports free on the cluster now (0 without Ray, or when it does not answer)."""
+    return _cluster_cpus.free()
+
+
+# ---- the actors ---------------------------------------------------------------------------------------
+
+
+def _make_actor_class() -> type:
+    """The remote worker's class, defined in a function so that Ray ships it by value: a node needs
+    intune importable only for what the stage's function itself uses (paths sent at start help there,
+    as for local process workers)."""
+
+    class IntuneMapWorker:
+        def __init__(self, fn_blob: bytes, sys_path: list[str]) -> None:
+            import os
+            import socket
+            import sys
+            import traceback
+
+            for path in sys_path:
+                if path not in sys.path and os.path.isdir(path):
+                    sys.path.append(path)
+            self._where = f"{socket.gethostname()} pid {os.getpid()}"
+            try:
+                import ray
+
+                self._where += f", node {ray.get_runtime_context().get_node_id()[:12]}"
+            except Exception:  # noqa: BLE001 - the node id is for messages only
+                pass
+            self._fn: Any = None
+            self._error: tuple[str, str] | None = None
+            try:
+                import cloudpickle
+
+                self._fn = cloudpickle.loads(fn_blob)
+            except BaseException as exc:  # noqa: BLE001 - reported by ready()
+                self._error = (f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+        def ready(self) -> tuple:
+            if self._error is not None:
+                return ("init-error", *self._error)
+            return ("ready", self._where)
+
+        def apply(self, chunk: dict) -> tuple:
+            import time
+            import traceback
+
+            import numpy as np
+
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                # the store's arrays are read-only; a local process worker's are writable views
+                views = {
+                    k: (v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v)
+                    for k, v in chunk.items()
+                }
+                result = self._fn(views)
+                if not isinstance(result, dict):
+                    raise TypeError(f"the map function must return a dict of arrays, got {type(result).__name__}")
+                return ("ok", result, time.thread_time() - c0, time.perf_counter() - t0)
+            except BaseException as exc:  # noqa: BLE001 - every failure goes back to the pipeline
+                text = traceback.format_exc()
+                return ("error", f"{type(exc).__name__}: {exc}", text, time.thread_time() - c0, time.perf_counter() - t0)
+
+    return IntuneMapWorker
+
+
+_actor_class: Any = None
+_actor_class_lock = threading.Lock()
+
+
+def actor_class(ray: Any) -> Any:
+    """The Ray actor class of remote workers (made once per process)."""
+    global _actor_class
+    with _actor_class_lock:
+        if _actor_class is None:
+            _actor_class = ray.remote(_make_actor_class())
+        return _actor_class
+
+
+def _lost_words(exc: BaseException) -> str:
+    """A one-line cause for a lost actor (Ray's messages run over many lines)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _copy_out(value: Any) -> Any:
+    """An array read from the object store as a private copy (the store's copy can then be freed)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        return value.copy()
+    return value
+
+
+class RayActor:
+    """One remote worker: a Ray actor holding one CPU (see ``remote_pool.RemoteWorker``)."""
+
+    def __init__(self, ray: Any, fn_blob: bytes) -> None:
+        self._ray = ray
+        sys_path = [os.path.abspath(p) for p in sys.path if p]
+        cls = actor_class(ray)
+        self.handle = cls.options(
+            num_cpus=1, max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD"
+        ).remote(fn_blob, sys_path)
+        self._ready_ref: Any = self.handle.ready.remote()
+        self.is_ready = False
+        self.where = "a Ray actor (starting)"
+
+    def ready(self, timeout: float) -> bool:
+        if self.is_ready:
+            return True
+        ray = self._ray
+        try:
+            done, _ = ray.wait([self._ready_ref], timeout=timeout)
+            if not done:
+                return False
+            reply = ray.get(self._ready_ref, timeout=10)
+        except Exception as exc:
+            raise RemoteLost(_lost_words(exc)) from exc
+        if reply[0] == "init-error":
+            raise RemoteInitError(reply[1], reply[2])
+        self.where, self.is_ready, self._ready_ref = reply[1], True, None
+        return True
+
+    def submit(self, chunk: Chunk) -> Any:
+        try:
+            ref = self._ray.put(chunk)
+            return self.handle.apply.remote(ref)  # Ray keeps ``ref`` alive until the call is done
+        except Exception as exc:
+            raise RemoteLost(_lost_words(exc)) from exc
+
+    def done(self, ticket: Any, timeout: float) -> bool:
+        try:
+            ready, _ = self._ray.wait([ticket], timeout=timeout)
+        except Exception:  # noqa: BLE001 - result() says what happened
+            return True
+        return bool(ready)
+
+    def result(self, ticket: Any) -> tuple:
+        ray = self._ray
+        try:
+            reply = ray.get(ticket, timeout=10)
+        except ray.exceptions.RayTaskError as exc:  # the call itself failed: its output did not serialise
+            return ("error", _lost_words(exc), str(exc), 0.0, 0.0)
+        except Exception as exc:
+            raise RemoteLost(_lost_words(exc)) from exc
+        if reply[0] == "ok":
+            return ("ok", {k: _copy_out(v) for k, v in reply[1].items()}, reply[2], reply[3])
+        return reply
+
+    def kill(self) -> None:
+        try:
+            self._ray.kill(self.handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or Ray shut down
+            pass
+
+
+class RemoteWorkers:
+    """A map stage's remote workers by index, for the pipeline's life (see ``remote_pool.RemoteRegistry``)."""
+
+    def __init__(self, stage: str, fn_blob: bytes, address: str | None) -> None:
+        self.stage = stage
+        self.address = address
+        self._blob = fn_blob
+        self._lock = threading.Lock()
+        self._actors: dict[int, RayActor] = {}
+        self._ray: Any = None
+        self._closed = False
+        self._told: set[str] = set()  # what was logged already (once per node or cause)
+
+    def connect(self) -> None:
+        """Connect to Ray (the stage's first epoch); raises ``ClusterError`` / ``ImportError``."""
+        if self._ray is None:
+            self._ray = connect(self.address, self.stage)
+
+    @property
+    def connected(self) -> bool:
+        return self._ray is not None
+
+    def worker(self, index: int) -> RayActor:
+        with self._lock:
+            if self._closed:
+                raise Stopped
+            actor = self._actors.get(index)
+            if actor is not None:
+                return actor
+            try:
+                actor = RayActor(self._ray, self._blob)
+            except Exception as exc:
+                self._tell(
+                    "create",
+                    "stage %r: cannot start remote workers (%s); the stage goes on with its local workers",
+                    _lost_words(exc),
+                )
+                raise RemoteLost(_lost_words(exc)) from exc
+            self._actors[index] = actor
+            return actor
+
+    def release(self, index: int) -> None:
+        with self._lock:
+            actor = self._actors.pop(index, None)
+        if actor is not None:
+            actor.kill()
+
+    def lost(self, index: int, cause: BaseException, chunks: int) -> None:
+        with self._lock:
+            actor = self._actors.pop(index, None)
+        if actor is None or self._closed:
+            return
+        actor.kill()
+        node = actor.where.rpartition("node ")[2] if "node " in actor.where else actor.where
+        self._tell(
+            f"lost {node}",
+            "stage %r: remote worker lost (%s, on %s); its %d chunk(s) in flight go to the other workers",
+            str(cause),
+            actor.where,
+            chunks,
+        )
+
+    def _tell(self, key: str, message: str, *args: Any) -> None:
+        """Log ``message`` the first time ``key`` happens (a node's loss, the cluster's), then only count."""
+        with self._lock:
+            first = key not in self._told
+            self._told.add(key)
+        if first:
+            log.warning(message, self.stage, *args)
+
+    def held_cpus(self) -> int:
+        """CPUs this stage's actors hold on the cluster now (those that started)."""
+        with self._lock:
+            return sum(1 for a in self._actors.values() if a.is_ready)
+
+    def live(self) -> int:
+        with self._lock:
+            return len(self._actors)
+
+    def close(self) -> None:
+        """Kill every actor (their chunks' objects are freed with them); no new one starts."""
+        with self._lock:
+            self._closed = True
+            actors, self._actors = list(self._actors.values()), {}
+        for actor in actors:
+            actor.kill()
+
+
+__all__ = [
+    "MAX_REMOTE_WORKERS",
+    "RAY_EXTRA",
+    "ClusterCpus",
+    "RayActor",
+    "RemoteWorkers",
+    "check_address",
+    "cluster_free_cpus",
+    "connect",
+    "require_ray",
+]

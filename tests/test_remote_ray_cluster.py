@@ -1,0 +1,303 @@
+"""Remote workers on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``: a head without CPUs
+and nodes of 1 CPU, one cluster for the module): exactly once with the remote knob resized live, a
+node removed mid-epoch, the whole cluster gone, a remote function's error, nothing left after
+``close()``, the live Observation's remote fields, and the connection's errors."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from _exactly_once import assert_exactly_once, assert_same_order, delivered_ids
+from _remote_udfs import busy_chunk, busy_row, fails_on_ray, fails_row_on_ray, id_chunks, slow_chunk
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install intune[ray])")
+
+import intune  # noqa: E402
+from intune.pipeline import remote_ray  # noqa: E402
+from intune.pipeline.errors import ClusterError, StageError  # noqa: E402
+
+NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
+HANG_S = 60  # generous bound on anything a test waits for (the cluster shares 2 busy cores)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 << 20},
+    )
+    c.nodes_added = [c.add_node(**NODE) for _ in range(2)]
+    ray.init(address=c.address, logging_level=logging.ERROR, log_to_driver=False)
+    c.wait_for_nodes()
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _wait_for(condition, what: str, timeout_s: float = HANG_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def _cluster_is_idle() -> bool:
+    """Every CPU and every byte of the object stores is free again."""
+    free, total = ray.available_resources(), ray.cluster_resources()
+    return free.get("CPU", 0) == total.get("CPU", 0) and free.get("object_store_memory") == total.get(
+        "object_store_memory"
+    )
+
+
+def _live_actors() -> int:
+    from ray._private import state
+
+    return sum(1 for a in state.actors().values() if a["State"] != "DEAD")
+
+
+def test_an_epoch_is_delivered_exactly_once_with_remote_workers_resized_live(cluster):
+    n, rows = 6000, 50
+    pipe = (
+        intune.Pipeline.from_iterable(id_chunks(n, rows))
+        .map_rows(busy_row, name="udf", remote="ray", remote_workers=0)
+        .batch(200)
+    )
+    sizes = {2: 2, 6: 1, 9: 0, 12: 2, 20: 1}
+    with pipe:
+        ids, remote_seen = [], 0
+        for i, batch in enumerate(pipe):
+            ids.append(batch["id"])
+            if i in sizes:
+                pipe.set_knob("udf.remote_workers", sizes[i])
+            if i == 11:  # at 0 since batch 9: the retired actors were released
+                _wait_for(lambda: pipe.stage("udf").remote.live() == 0, "release of retired actors")
+            remote_seen = max(remote_seen, pipe.metrics().stages["udf"].remote_items)
+        ids = np.concatenate(ids)
+        assert_exactly_once(ids, range(n))
+        assert_same_order(ids, np.arange(n))  # the order without remote workers (deterministic=True)
+        assert remote_seen > 0, "no chunk went to a remote worker"
+        # a second epoch with the remote workers left at 1
+        assert_same_order(delivered_ids(pipe), np.arange(n))
+
+
+def _warm(pipe: intune.Pipeline, actors: int) -> None:
+    """Run one epoch, then wait until the stage's ``actors`` hold every CPU of the cluster (they are
+    kept for the next epoch, as parked local workers are)."""
+    assert len(delivered_ids(pipe)) > 0
+    _wait_for(lambda: ray.available_resources().get("CPU", 0) == 0, f"{actors} actors holding the cluster's CPUs")
+
+
+def test_a_node_removed_mid_epoch_loses_and_repeats_no_row(cluster, caplog):
+    extra = cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    n = 4000
+    pipe = intune.Pipeline.from_iterable(id_chunks(n, 20)).map(
+        busy_chunk, name="udf", mode="process", remote="ray", remote_workers=3
+    ).batch(100)
+    with pipe, caplog.at_level(logging.WARNING, logger="intune.pipeline.remote_ray"):
+        _warm(pipe, 3)  # one actor on each of the 3 nodes (1 CPU each)
+        start = pipe.metrics().stages["udf"].remote_items
+        ids, removed = [], False
+        for batch in pipe:
+            ids.append(batch["id"])
+            if not removed and pipe.metrics().stages["udf"].remote_items - start >= 6:
+                cluster.remove_node(extra, allow_graceful=False)  # its actor has chunks in flight
+                removed = True
+        ids = np.concatenate(ids)
+        m = pipe.metrics().stages["udf"]
+    assert removed
+    assert_exactly_once(ids, range(n))
+    assert_same_order(ids, np.arange(n))
+    assert m.remote_restarts >= 1, "no chunk was in flight on the removed node"
+    lost = [r for r in caplog.records if "remote worker lost" in r.getMessage()]
+    assert len(lost) == 1, [r.getMessage() for r in lost]  # logged once
+
+
+def test_a_remote_function_error_names_the_stage_and_the_chunk_origin(cluster, tmp_path):
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"id": np.arange(2000), "x": np.arange(2000) * 0.5}), path, row_group_size=100)
+    pipe = intune.Pipeline.from_parquet(str(path), chunk_rows=100).map(
+        fails_on_ray, name="udf", mode="process", remote="ray", remote_workers=2
+    )
+    with pipe, pytest.raises(StageError) as info:
+        list(pipe)
+    message = str(info.value)
+    first = int(message.split("no feature for id ")[1].split("'")[0])  # the chunk the remote worker failed on
+    assert info.value.stage == "udf"
+    assert message.startswith(f"stage 'udf' failed on {path} rows {first}-{first + 99}: KeyError")
+    assert "on the remote worker" in message and "fails_on_ray" in message  # the actor's traceback
+
+
+def test_a_remote_row_error_names_the_row_and_skip_leaves_out_that_row_only(cluster):
+    pipe = intune.Pipeline.from_iterable(id_chunks(3000, 100)).map_rows(
+        fails_row_on_ray, name="udf", remote="ray", remote_workers=2
+    )
+    with pipe, pytest.raises(StageError) as info:
+        list(pipe)
+    message = str(info.value)
+    first = int(message.split("no feature for id ")[1].split("'")[0]) - 34
+    assert info.value.stage == "udf" and f"row 34 of a chunk of 100 rows: source 'read' chunk #{first // 100}" in message
+    pipe = intune.Pipeline.from_iterable(id_chunks(3000, 100)).map_rows(
+        fails_row_on_ray, name="udf", remote="ray", remote_workers=2, on_error="skip"
+    )
+    with pipe:
+        ids = delivered_ids(pipe)
+        skipped = pipe.metrics().stages["udf"].skipped
+    left_out = sorted(set(range(3000)) - set(ids.tolist()))
+    assert skipped == len(left_out) > 0 and all(i % 100 == 34 for i in left_out)
+    assert_exactly_once(ids, sorted(set(range(3000)) - set(left_out)))
+
+
+def test_close_leaves_no_actor_and_no_object_in_the_cluster(cluster):
+    _wait_for(_cluster_is_idle, "idle cluster before the test")
+    before = _live_actors()
+    worker = ray._private.worker.global_worker
+    gc.collect()
+    refs_before = set(worker.core_worker.get_all_reference_counts())
+    pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
+        slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
+    ).batch(100)
+    batches = iter(pipe)
+    deadline = time.monotonic() + HANG_S
+    while pipe.stage("udf").remote_cpus_held() < 2 or pipe.metrics().stages["udf"].remote_items < 2:
+        next(batches)
+        assert time.monotonic() < deadline, "the remote workers never started"
+    assert not _cluster_is_idle()  # actors hold CPUs, chunks are in flight
+    pipe.close()
+    _wait_for(_cluster_is_idle, "every CPU and object store byte back after close()")
+    assert _live_actors() == before
+    gc.collect()
+    left = set(worker.core_worker.get_all_reference_counts()) - refs_before
+    assert not left, f"objects of the closed pipeline still referenced: {left}"
+
+
+def test_a_dropped_pipeline_and_an_exiting_process_leave_no_actor(cluster):
+    _wait_for(_cluster_is_idle, "idle cluster before the test")
+
+    def hold_two_actors():
+        pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
+            slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
+        ).batch(100)
+        batches = iter(pipe)
+        deadline = time.monotonic() + HANG_S
+        while pipe.stage("udf").remote_cpus_held() < 2:
+            next(batches)
+            assert time.monotonic() < deadline, "the remote workers never started"
+
+    hold_two_actors()  # the pipeline and its iterator are dropped, never closed
+    gc.collect()
+    _wait_for(_cluster_is_idle, "every CPU back after the pipeline was dropped")
+    child = (
+        "import logging, ray, test_remote_ray_cluster as t\n"
+        f"ray.init(address={cluster.address!r}, logging_level=logging.ERROR, log_to_driver=False)\n"
+        "t.hold_two_actors_for_exit()\n"  # then exit without close()
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    subprocess.run([sys.executable, "-c", child], check=True, timeout=120, env=env)
+    _wait_for(_cluster_is_idle, "every CPU back after the process exited")
+
+
+_KEPT: list = []
+
+
+def hold_two_actors_for_exit() -> None:
+    """In a child process: a pipeline holding two actors, kept referenced until the process exits."""
+    pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
+        slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
+    ).batch(100)
+    batches = iter(pipe)
+    _KEPT.extend([pipe, batches])
+    while pipe.stage("udf").remote_cpus_held() < 2:
+        next(batches)
+    assert ray.available_resources().get("CPU", 0) == 0
+
+
+def test_the_live_observation_carries_the_remote_fields(cluster):
+    seen = []
+
+    class Watch:
+        name = "watch"
+
+        def reset(self, knobs, observation):
+            pass
+
+        def step(self, observation):
+            seen.append((time.monotonic(), observation))
+            return {}
+
+    pipe = intune.Pipeline.from_iterable(id_chunks(20000, 50)).map(
+        slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
+    ).batch(100)
+    held_since = None
+    with intune.tune(pipe, policy=Watch(), tick_s=0.3) as tuner:
+        for _ in tuner:
+            if held_since is None and pipe.stage("udf").remote_cpus_held() == 2:
+                held_since = time.monotonic()
+            # two ticks that began after both actors had held their CPUs for a second
+            if held_since is not None and sum(t - 0.3 > held_since + 1.0 for t, _ in seen) >= 2:
+                break
+        history = tuner.history()
+    obs = seen[-1][1]
+    s = obs.stage("udf")
+    assert s.remote_workers == 2 and obs.allocated_remote_cpus == 2
+    assert obs.remote_cpus == 2.0  # no free CPU on the two 1-CPU nodes, both held by this pipeline's actors
+    assert s.items_per_s >= s.remote_items_per_s > 0
+    assert s.transfer_s_per_item > 0 and s.transfer_bytes_per_item > 0
+    assert history[-1]["remote_cpus"] == 2.0 and history[-1]["stages"]["udf"]["remote_workers"] == 2
+
+
+def test_connecting_elsewhere_or_to_nothing_is_a_clear_error(cluster, monkeypatch):
+    def pipe(address):
+        return intune.Pipeline.from_iterable(id_chunks(100, 50)).map(
+            busy_chunk, mode="process", remote="ray", address=address, name="udf"
+        )
+
+    with pipe("127.0.0.1:1") as p, pytest.raises(
+        ClusterError, match=r"stage 'udf': address='127.0.0.1:1', but this process is already connected"
+    ):
+        list(p)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pipe("127.0.0.1:1") as p, pytest.raises(ClusterError, match=r"no Ray cluster answers at address='127.0.0.1:1'"):
+        list(p)
+    monkeypatch.setattr(remote_ray, "_auto_address", lambda: None)
+    with pipe("auto") as p, pytest.raises(ClusterError, match="address='auto' found no running Ray cluster"):
+        list(p)
+
+
+def test_zz_a_cluster_that_disappears_leaves_the_epoch_to_the_local_workers(cluster):
+    """Last in the module (zz): it takes every node of the shared cluster away."""
+    n = 3000
+    pipe = intune.Pipeline.from_iterable(id_chunks(n, 20)).map(
+        busy_chunk, name="udf", mode="process", remote="ray", remote_workers=2
+    ).batch(100)
+    with pipe:
+        _warm(pipe, 2)
+        start = pipe.metrics().stages["udf"].remote_items
+        ids, gone = [], False
+        for batch in pipe:
+            ids.append(batch["id"])
+            if not gone and pipe.metrics().stages["udf"].remote_items - start >= 4:
+                for node in cluster.nodes_added:
+                    cluster.remove_node(node, allow_graceful=False)
+                gone = True
+                _wait_for(lambda: pipe.remote_cpus() == 0, "remote CPUs at 0 without nodes")
+        ids = np.concatenate(ids)
+        assert gone
+        assert_exactly_once(ids, range(n))
+        assert_same_order(ids, np.arange(n))
+        assert pipe.remote_cpus() == 0
+        assert pipe.metrics().stages["udf"].remote_restarts >= 1
