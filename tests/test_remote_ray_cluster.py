@@ -183,6 +183,15 @@ def test_close_leaves_no_actor_and_no_object_in_the_cluster(cluster):
     gc.collect()
     left = set(worker.core_worker.get_all_reference_counts()) - refs_before
     assert not left, f"objects of the closed pipeline still referenced: {left}"
+    # between epochs the actors idle (kept for the next epoch): close() ends them too
+    pipe = intune.Pipeline.from_iterable(id_chunks(1000, 50)).map(
+        slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
+    )
+    _warm(pipe, 2)
+    assert pipe.stage("udf").remote.live() == 2
+    pipe.close()
+    _wait_for(_cluster_is_idle, "every CPU back after close() between epochs")
+    assert _live_actors() == before
 
 
 def test_a_dropped_pipeline_and_an_exiting_process_leave_no_actor(cluster):

@@ -141,6 +141,13 @@ class FakeWorker:
 
     def done(self, ticket: int, timeout: float) -> bool:
         registry = self.registry
+        first = int(self.results[ticket]["id"][0])
+        if first >= registry.late_from and first not in registry.died_late:
+            # a late chunk comes back only after the input has surely ended (then its worker dies)
+            threading.Event().wait(timeout)
+            with registry.lock:
+                registry.late_waits[first] = registry.late_waits.get(first, 0) + 1
+                return registry.late_waits[first] > 10
         with registry.lock:
             if registry.hang and registry.hung is None:
                 registry.hung = np.asarray(self.results[ticket]["id"]).tolist()  # the first chunk sent
@@ -152,6 +159,10 @@ class FakeWorker:
 
     def result(self, ticket: int) -> tuple:
         chunk = self.results.pop(ticket)
+        first = int(chunk["id"][0])
+        if first >= self.registry.late_from and first not in self.registry.died_late:
+            self.registry.died_late.add(first)
+            raise RemoteLost("fake actor died late")
         with self.registry.lock:
             self.registry.calls += 1
             die = self.registry.die_every and self.registry.calls % self.registry.die_every == 0
@@ -167,7 +178,10 @@ class FakeRegistry:
     connected = True
 
     def __init__(self, fn_blob: bytes, die_every: int = 0, hang: bool = False, unavailable: bool = False,
-                 init_error: bool = False) -> None:
+                 init_error: bool = False, late_from: int = 1 << 62) -> None:
+        self.late_from = late_from  # chunks from this id on come back late, and their worker dies
+        self.late_waits: dict[int, int] = {}
+        self.died_late: set[int] = set()
         self.fn = cloudpickle.loads(fn_blob)
         self.die_every = die_every
         self.hang = hang  # the first chunk a worker gets never comes back
@@ -227,6 +241,17 @@ def test_chunks_of_lost_remote_workers_are_rescued_exactly_once_in_order():
         m = pipe.metrics().stages["udf"]
     assert registry.lost_calls and m.remote_restarts == len(registry.lost_calls)
     assert 0 < m.remote_items < m.items == 120
+
+
+def test_chunks_lost_remotely_after_the_input_ended_are_still_delivered():
+    # the last 4 chunks: a remote worker holds each for about a second, then dies; by then the input
+    # has ended, and the local worker must still be there to take them
+    pipe, stage, registry = _fake_pipeline(n=1000, rows=50, remote_workers=1, late_from=800)
+    with pipe:
+        ids = delivered_ids(pipe)
+    assert registry.died_late, "no late chunk went to the remote worker"
+    assert_exactly_once(ids, range(1000))
+    assert_same_order(ids, np.arange(1000))
 
 
 def test_remote_workers_resized_live_lose_and_repeat_nothing():
