@@ -497,7 +497,16 @@ def markdown_report(summary: Sequence[dict[str, Any]], real: dict[str, Any] | No
             why = real.get("missing") or real.get("failed")
             sections.append(md_report.section("Real: a local multi-node Ray cluster", [f"Not run: {why}."]))
         else:
-            sections.append(md_report.section("Real: a local multi-node Ray cluster", [], real["summary"] or real["rows"]))
+            rows = [r for r in real["summary"] if "paired_ratio_median" not in r] or real["rows"]
+            ratios = [r for r in real["summary"] if "paired_ratio_median" in r]
+            lines = [
+                f"{r['config']}: {r['paired_ratio_median']:.2f} (paired rounds, median; range "
+                f"{r['paired_ratio_min']:.2f}-{r['paired_ratio_max']:.2f}, {r['paired_ratio_runs']} rounds; "
+                f"ratio of the medians {r['ratio_of_medians']:.2f}); target >= {r['target']}: "
+                + ("met" if r["met"] else "not met")
+                for r in ratios
+            ]
+            sections.append(md_report.section("Real: a local multi-node Ray cluster", lines, rows))
     return md_report.render(md_report.command_line(("bench", "scale")), machine_info(), context, sections)
 
 
