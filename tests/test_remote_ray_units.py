@@ -102,16 +102,18 @@ def test_observe_fills_the_remote_fields_from_the_stage_counters():
     assert s.remote_workers == 3 and s.workers == 2
     assert s.items_per_s == pytest.approx(15.0) and s.remote_items_per_s == pytest.approx(6.0)
     assert s.transfer_s_per_item == pytest.approx(0.05) and s.transfer_bytes_per_item == pytest.approx(2000.0)
-    assert s.cpu_s_per_item == pytest.approx(0.2) and s.wall_s_per_item == pytest.approx(0.25)
+    # the local workers' time over every emitted chunk (as the simulator reports it): 3.6 / 30, 4.5 / 30
+    assert s.cpu_s_per_item == pytest.approx(0.12) and s.wall_s_per_item == pytest.approx(0.15)
     # a stage without remote workers keeps 0 in every remote field
     plain = observe(prev, cur, {"udf.workers": 2}, 0, 2.0, 0.0, 1.0).stage("udf")
     assert plain.remote_workers == 0
 
 
 def test_cpu_slack_counts_the_cpu_of_local_chunks_only():
-    # 2 local workers at 0.01 CPU s per chunk, 150 chunks/s of which 100 came from remote workers:
-    # the local workers used 0.5 CPU, so 1.5 (rounded: 2) workers' worth is unused
-    s = StageObservation("udf", 2, 0, 150.0, 150.0, 0.01, 0.01, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0,
+    # 2 local workers that used 0.5 CPU over the 150 chunks/s the stage emitted (100 of them from
+    # remote workers): cpu_s_per_item is that CPU over every chunk, so 1.5 (rounded: 2) workers' worth
+    # is unused
+    s = StageObservation("udf", 2, 0, 150.0, 150.0, 0.5 / 150, 0.5 / 150, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0,
                          kind="map", remote_workers=4, remote_items_per_s=100.0)
     assert cpu_slack((s,)) == 2.0
 

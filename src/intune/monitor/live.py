@@ -49,14 +49,15 @@ def observe_stage(
 ) -> StageObservation:
     """One stage over ``dt`` seconds; ``prev`` is ``None`` for a stage that appeared during the tick.
 
-    With remote workers, ``items_per_s`` / ``rows_per_s`` count every chunk the stage emitted, while the
-    per-chunk costs (CPU, busy wall time) and the busy / starved / blocked fractions are the local
-    workers' (their counters only hold local work), so they are taken over the local chunks; the remote
-    chunks give ``remote_items_per_s`` and the transfer time and bytes per remote chunk.
+    With remote workers, ``items_per_s`` / ``rows_per_s`` count every chunk the stage emitted, and the
+    per-chunk costs (CPU, busy wall time) are the local workers' time over every emitted chunk, as the
+    simulator reports them, so that ``cpu_s_per_item * items_per_s`` stays the CPU the stage uses on
+    this machine (``cpu_slack``, ``intune.policies.remote_sizing``); the busy / starved / blocked
+    fractions are the local workers'. The remote chunks give ``remote_items_per_s`` and the transfer
+    time and bytes per remote chunk.
     """
     d_items = cur.items - (prev.items if prev else 0)
     d_remote = cur.remote_items - (prev.remote_items if prev else 0)
-    d_local = d_items - d_remote
     d_transfer_s = cur.transfer_s - (prev.transfer_s if prev else 0.0)
     d_transfer_bytes = cur.transfer_bytes - (prev.transfer_bytes if prev else 0)
     d_rows = cur.rows - (prev.rows if prev else 0)
@@ -78,8 +79,8 @@ def observe_stage(
         buffer_mb=buffer_mb,
         items_per_s=max(0, d_items) / dt,
         rows_per_s=max(0, d_rows) / dt,
-        cpu_s_per_item=max(0.0, d_cpu) / d_local if d_local > 0 else 0.0,
-        wall_s_per_item=max(0.0, d_busy) / d_local if d_local > 0 else 0.0,
+        cpu_s_per_item=max(0.0, d_cpu) / d_items if d_items > 0 else 0.0,
+        wall_s_per_item=max(0.0, d_busy) / d_items if d_items > 0 else 0.0,
         bytes_per_item=_bytes_per_item(prev, cur, d_items),
         busy=fraction(d_busy),
         starved=fraction(d_starved),

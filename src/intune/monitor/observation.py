@@ -150,11 +150,12 @@ def cpu_slack(stages: tuple[StageObservation, ...]) -> float:
     UDF at one worker. With the slack, ``Observation.free_cpus`` is the CPUs minus the CPU the
     workers measurably use, so it falls to 0 by itself when the machine is saturated (oversubscribed
     workers share the CPUs and each uses less than one). Only stages that emitted items give evidence
-    (a stage still warming up counts in full); the sum is rounded to whole workers. Chunks that remote
-    workers processed (``remote_items_per_s``) took no CPU here.
+    (a stage still warming up counts in full); the sum is rounded to whole workers. With remote workers,
+    ``cpu_s_per_item`` is the local workers' CPU over every emitted chunk (``intune.monitor.live``), so
+    the product is still the CPU used here.
     """
     unused = sum(
-        max(0.0, s.workers - s.cpu_s_per_item * max(0.0, s.items_per_s - s.remote_items_per_s))
+        max(0.0, s.workers - s.cpu_s_per_item * s.items_per_s)
         for s in stages
         if s.workers > 0 and s.items_per_s > 0
     )
