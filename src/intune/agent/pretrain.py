@@ -146,13 +146,15 @@ def plot_curve(imitation: ImitationLog, history: TrainingLog | None, path: str |
 
 
 def run(args: argparse.Namespace) -> int:
+    defaults = AgentConfig()
     deltas = tuple(int(d) for d in str(args.deltas).split(","))
     if 0 not in deltas:
         raise SystemExit(f"--deltas must include 0 (hold), got {args.deltas}")
     command = (f"intune pretrain --rounds {args.rounds} --episodes {args.episodes} --steps {args.steps} --seed {args.seed} "
                f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "")
-               + (f" --teacher {args.teacher}" if args.teacher != "reward" else "")
-               + (f" --validation {args.validation}" if args.validation != 8 else "") + f" --out {args.out}")
+               + (f" --teacher {args.teacher}" if args.teacher != defaults.teacher_objective else "")
+               + (f" --validation {args.validation}" if args.validation != defaults.validation_pipelines else "")
+               + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, teacher_objective=args.teacher,

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
@@ -209,6 +210,20 @@ class Rescue:
             self._cond.wait(timeout)
 
 
+@dataclass(frozen=True)
+class ChunkHandling:
+    """What a map stage does with a chunk's outcome, shared by its local and remote pools: the result
+    (``deliver``), the function's error (``failed``), a chunk past ``timeout_s`` (``timed_out``), and
+    the error that ends the epoch once ``max_attempts`` workers in a row were lost on it (``lost``)."""
+
+    deliver: Callable[[dict, Item, WorkerStats], list[Item]]
+    failed: Callable[[Item, WorkerStats, BaseException], list[Item]]
+    timed_out: Callable[[Item, WorkerStats], list[Item]]
+    lost: Callable[[Item, BaseException], BaseException]
+    timeout_s: float | None
+    max_attempts: int
+
+
 class ProcessPoolRun(PoolRun):
     """A pool whose workers each drive one child process with up to ``SLOTS`` chunks in flight.
 
@@ -224,12 +239,7 @@ class ProcessPoolRun(PoolRun):
         name: str,
         target: Callable[[], int],
         worker_for: Callable[[int], Any],
-        failed: Callable[[Item, WorkerStats, BaseException], list[Item]],
-        lost: Callable[[Item, BaseException], BaseException],
-        deliver: Callable[[dict, Item, WorkerStats], list[Item]],
-        timed_out: Callable[[Item, WorkerStats], list[Item]],
-        timeout_s: float | None,
-        max_attempts: int,
+        handling: ChunkHandling,
         inp: Channel,
         out: Channel,
         stats: StageStats,
@@ -240,12 +250,7 @@ class ProcessPoolRun(PoolRun):
         super().__init__(name, target, _unused, inp, out, stats, fail, stop)
         self._rescue = rescue
         self._worker_for = worker_for
-        self._failed = failed
-        self._lost = lost
-        self._deliver = deliver
-        self._timed_out = timed_out
-        self._timeout_s = timeout_s
-        self._max_attempts = max_attempts
+        self._handling = handling
 
     def _run(self, index: int) -> None:
         from intune.pipeline.errors import StageError
@@ -315,13 +320,13 @@ class ProcessPoolRun(PoolRun):
                 if stats.work_item is not item:  # progress is a delivered result: time from here
                     stats.work_item, stats.work_since = item, t1
                 try:
-                    result, cpu = worker.collect(self._stop, self._timeout_s)
+                    result, cpu = worker.collect(self._stop, self._handling.timeout_s)
                     stats.cpu_s += cpu
-                    results = self._deliver(result, item, stats)
+                    results = self._handling.deliver(result, item, stats)
                 except RemoteError as exc:
-                    results = self._failed(item, stats, exc)
+                    results = self._handling.failed(item, stats, exc)
                 except ChunkTimeout:  # the hung child is gone: fail, or skip its chunk and go on
-                    results = self._timed_out(item, stats)
+                    results = self._handling.timed_out(item, stats)
                     worker.drop_oldest()
                     worker.restart()
                 except WorkerInitError as exc:  # every chunk would fail alike: no retry, no skip
@@ -330,8 +335,8 @@ class ProcessPoolRun(PoolRun):
                     stats.restarts += 1
                     if self._stop.is_set():
                         raise Stopped from None
-                    if worker.oldest_deaths() >= self._max_attempts:
-                        raise self._lost(item, exc) from None
+                    if worker.oldest_deaths() >= self._handling.max_attempts:
+                        raise self._handling.lost(item, exc) from None
                     worker.restart()
                     continue
                 pending.popleft()

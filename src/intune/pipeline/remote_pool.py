@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.chunks import nbytes
 from intune.pipeline.errors import StageError
-from intune.pipeline.pool import PoolRun, Rescue
+from intune.pipeline.pool import ChunkHandling, PoolRun, Rescue
 from intune.pipeline.procworker import SLOTS, RemoteError
 from intune.pipeline.stats import StageStats, WorkerStats
 
@@ -121,12 +121,7 @@ class RemotePoolRun(PoolRun):
         name: str,
         target: Callable[[], int],
         registry: RemoteRegistry,
-        failed: Callable[[Item, WorkerStats, BaseException], list[Item]],
-        lost: Callable[[Item, BaseException], BaseException],
-        deliver: Callable[[dict, Item, WorkerStats], list[Item]],
-        timed_out: Callable[[Item, WorkerStats], list[Item]],
-        timeout_s: float | None,
-        max_attempts: int,
+        handling: ChunkHandling,
         inp: Channel,
         out: Channel,
         stats: StageStats,
@@ -136,12 +131,7 @@ class RemotePoolRun(PoolRun):
     ) -> None:
         super().__init__(name, target, _unused, inp, out, stats, fail, stop)
         self._registry = registry
-        self._failed = failed
-        self._lost = lost
-        self._deliver = deliver
-        self._timed_out = timed_out
-        self._timeout_s = timeout_s
-        self._max_attempts = max_attempts
+        self._handling = handling
         self._rescue = rescue
 
     def _run(self, index: int) -> None:
@@ -228,8 +218,8 @@ class RemotePoolRun(PoolRun):
                     stats.work_item, stats.work_since = oldest.item, t1
                 wait = 0.1
                 deadline = None
-                if self._timeout_s is not None:
-                    deadline = max(oldest.sent_at, last_reply) + self._timeout_s
+                if self._handling.timeout_s is not None:
+                    deadline = max(oldest.sent_at, last_reply) + self._handling.timeout_s
                     wait = max(0.0, min(wait, deadline - t1))
                 if not worker.done(oldest.ticket, wait):
                     if self._stop.is_set():
@@ -241,7 +231,7 @@ class RemotePoolRun(PoolRun):
                         stats.held_bytes -= oldest.item.nbytes
                         stats.work_since, stats.work_item = 0.0, None
                         rescue.release()
-                        self._out.put_at(oldest.seq, self._timed_out(oldest.item, stats))
+                        self._out.put_at(oldest.seq, self._handling.timed_out(oldest.item, stats))
                         self._give_back(flights, stats)
                     continue
                 try:
@@ -251,8 +241,8 @@ class RemotePoolRun(PoolRun):
                     oldest.deaths += 1
                     if self._stop.is_set():
                         raise Stopped from None
-                    if oldest.deaths >= self._max_attempts:
-                        raise self._lost(oldest.item, exc) from None
+                    if oldest.deaths >= self._handling.max_attempts:
+                        raise self._handling.lost(oldest.item, exc) from None
                     self._registry.lost(index, exc, len(flights))
                     self._give_back(flights, stats)
                     worker = None
@@ -264,12 +254,12 @@ class RemotePoolRun(PoolRun):
                 flights.popleft()
                 if reply[0] == "ok":
                     _, output, cpu_s, wall_s = reply
-                    results = self._deliver(output, oldest.item, stats)
+                    results = self._handling.deliver(output, oldest.item, stats)
                     stats.transfer_bytes += oldest.item.nbytes + nbytes(output)
                 else:
                     _, message, text, cpu_s, wall_s = reply
                     error = RemoteError(message, f"(on the remote worker {worker.where})\n{text}")
-                    results = self._failed(oldest.item, stats, error)
+                    results = self._handling.failed(oldest.item, stats, error)
                 done = clock()
                 stats.transfer_s += oldest.put_s + max(0.0, now - started - wall_s) + (done - now)
                 stats.cpu_s += cpu_s

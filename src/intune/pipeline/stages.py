@@ -27,7 +27,7 @@ from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.chunks import Chunk, Origin, RowTable, nbytes
 from intune.pipeline.errors import SchemaError, SourceError, StageError, StageTimeoutError, WorkerLostError
 from intune.pipeline.metrics import StageMetrics
-from intune.pipeline.pool import PoolRun, ProcessPoolRun, Rescue
+from intune.pipeline.pool import ChunkHandling, PoolRun, ProcessPoolRun, Rescue
 from intune.pipeline.procworker import SLOTS, ProcessWorker, RemoteError
 from intune.pipeline.remote_pool import RemotePoolRun
 from intune.pipeline.remote_ray import MAX_REMOTE_WORKERS, RemoteWorkers, check_address, require_ray
@@ -627,12 +627,7 @@ class MapStage(PooledStage):
             self.name,
             self._get_workers,
             lambda index: self.process_worker(index, label),
-            lambda item, stats, exc: self._failed(item, stats, exc, getattr(exc, "remote_traceback", "")),
-            lost,
-            self._deliver,
-            self._timed_out,
-            self.timeout_s,
-            self.max_attempts,
+            self._chunk_handling(lost),
             inp,
             out,
             self.stats,
@@ -646,6 +641,18 @@ class MapStage(PooledStage):
         if self.remote is not None and rescue is not None:
             self._start_remote(epoch, inp, out, rescue)
         return out
+
+    def _chunk_handling(self, lost: Callable[[Item, BaseException], BaseException]) -> ChunkHandling:
+        """This stage's handling of a process or remote worker's outcomes; ``lost`` words the error of a
+        chunk whose workers kept dying."""
+        return ChunkHandling(
+            deliver=self._deliver,
+            failed=lambda item, stats, exc: self._failed(item, stats, exc, getattr(exc, "remote_traceback", "")),
+            timed_out=self._timed_out,
+            lost=lost,
+            timeout_s=self.timeout_s,
+            max_attempts=self.max_attempts,
+        )
 
     def _start_remote(self, epoch: EpochContext, inp: Channel, out: Channel, rescue: Rescue) -> None:
         """The remote workers' threads on the same channels as the local workers (``remote_pool``)."""
@@ -661,12 +668,7 @@ class MapStage(PooledStage):
             self.name,
             self._get_remote_workers,
             self.remote,
-            lambda item, stats, exc: self._failed(item, stats, exc, getattr(exc, "remote_traceback", "")),
-            lost,
-            self._deliver,
-            self._timed_out,
-            self.timeout_s,
-            self.max_attempts,
+            self._chunk_handling(lost),
             inp,
             out,
             self._remote_stats,
