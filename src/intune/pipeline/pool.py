@@ -84,6 +84,15 @@ class PoolRun:
                 self._cond.wait(0.5)
             return self._done
 
+    def _input_ended(self) -> None:
+        """The input's end reached this worker: the output learns how many chunks it will get, the
+        worker's reserved slot is given back, and the other workers are woken to see the pool done."""
+        self._out.finish(self._inp.handed_out)
+        self._out.unreserve()
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
     def _run(self, index: int) -> None:
         stats = self._stats.worker(index)
         reserved = False
@@ -111,12 +120,8 @@ class PoolRun:
                 if got is TIMEOUT:
                     continue
                 if got is END:
-                    self._out.finish(self._inp.handed_out)
-                    self._out.unreserve()
+                    self._input_ended()
                     reserved = False
-                    with self._cond:
-                        self._done = True
-                        self._cond.notify_all()
                     return
                 seq, item = got
                 reserved = False
@@ -299,12 +304,8 @@ class ProcessPoolRun(PoolRun):
                     if got is TIMEOUT:
                         break
                     if got is END:
-                        self._out.finish(self._inp.handed_out)
-                        self._out.unreserve()
+                        self._input_ended()
                         reserved, ended = False, True
-                        with self._cond:
-                            self._done = True
-                            self._cond.notify_all()
                         break
                     reserved = False
                     if worker is None:

@@ -187,12 +187,8 @@ class RemotePoolRun(PoolRun):
                         if got is TIMEOUT or got is END:
                             rescue.release()
                             if got is END:
-                                self._out.finish(self._inp.handed_out)
-                                self._out.unreserve()
+                                self._input_ended()
                                 reserved, ended = False, True
-                                with self._cond:
-                                    self._done = True
-                                    self._cond.notify_all()
                             break
                         reserved = False
                         flight = _Flight(got[0], got[1], 0)
