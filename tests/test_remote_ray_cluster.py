@@ -287,6 +287,25 @@ def test_connecting_elsewhere_or_to_nothing_is_a_clear_error(cluster, monkeypatc
         list(p)
 
 
+def test_without_an_address_or_a_cluster_a_local_ray_is_started_and_said_so():
+    # a fresh process: no Ray initialised, and "auto" finds nothing that answers
+    code = (
+        "import logging, numpy as np, intune, _remote_udfs as u\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "pipe = intune.Pipeline.from_iterable(u.id_chunks(2000, 50)).map(u.busy_chunk, name='udf', mode='process', remote='ray')\n"
+        "with pipe:\n"
+        "    ids = np.sort(np.concatenate([b['id'] for b in pipe]))\n"
+        "    assert np.array_equal(ids, np.arange(2000)), 'not exactly once'\n"
+        "    assert pipe.knobs['udf.remote_workers'].value == 1\n"
+        "    print('REMOTE CPUS', pipe.remote_cpus())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "RAY_ADDRESS": "127.0.0.1:1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no Ray cluster found" in done.stderr and "started a local Ray" in done.stderr
+    assert float(done.stdout.split("REMOTE CPUS")[1].split()[0]) > 0
+
+
 def test_zz_a_cluster_that_disappears_leaves_the_epoch_to_the_local_workers(cluster):
     """Last in the module (zz): it takes every node of the shared cluster away."""
     n = 3000

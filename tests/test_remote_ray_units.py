@@ -311,3 +311,29 @@ def test_map_rows_rows_of_lost_remote_workers_are_rescued_exactly_once():
     assert_exactly_once(ids, range(3000))
     assert_same_order(ids, np.arange(3000))
     assert registry.lost_calls
+
+
+# ---- the live scale benchmark's arithmetic ------------------------------------------------------------
+
+
+def test_scale_real_summary_compares_the_best_configuration_of_each_side():
+    from intune.bench.scale_real import summarize
+
+    def row(config, round_, rate):
+        return {"config": config, "round": round_, "rows_per_s": rate, "exactly_once": True, "remote_share": 0.5}
+
+    rows = [
+        row("local-only, 1 local worker", 0, 100.0), row("local-only, 1 local worker", 1, 110.0),
+        row("local-only, 2 local workers", 0, 120.0), row("local-only, 2 local workers", 1, 100.0),
+        row("with-remote, 1 local worker", 0, 240.0), row("with-remote, 1 local worker", 1, 200.0),
+        row("with-remote, 2 local workers", 0, 180.0), row("with-remote, 2 local workers", 1, 190.0),
+        row("with-remote, resized, 1 local worker", 0, 500.0),  # never the best: not a steady configuration
+    ]
+    summary = {e["config"]: e for e in summarize(rows)}
+    assert summary["local-only, 2 local workers"]["rows_per_s_median"] == 110.0
+    assert summary["local-only, 1 local worker"]["rows_per_s_min"] == 100.0
+    ratio = summary["with-remote / local-only"]
+    # medians: local-only 105 (1 worker) and 110 (2 workers); with-remote 220 (1 worker) and 185 (2)
+    assert ratio["local_only"] == "local-only, 2 local workers" and ratio["with_remote"] == "with-remote, 1 local worker"
+    assert ratio["ratio_of_medians"] == pytest.approx(2.0) and ratio["met"]
+    assert ratio["paired_ratio_min"] == pytest.approx(2.0) and ratio["paired_ratio_max"] == pytest.approx(2.0)

@@ -198,6 +198,7 @@ class RemotePoolRun(PoolRun):
                     try:
                         flight.ticket = worker.submit(flight.item.chunk)
                     except RemoteLost as exc:
+                        stats.restarts += 1
                         self._registry.lost(index, exc, len(flights))
                         self._give_back(flights, stats)
                         worker = None
@@ -244,8 +245,10 @@ class RemotePoolRun(PoolRun):
                     worker = None
                     continue
                 now = clock()
-                # its time in the worker's queue behind the chunk before it is not transit
+                # in transit: the put, and the round trip (reading the reply out of the store included)
+                # less the function's time and less the wait behind the chunk before it
                 started = max(oldest.sent_at, last_reply)
+                stats.transfer_s += oldest.put_s + max(0.0, now - started - reply[-1])
                 last_reply = now
                 flights.popleft()
                 if reply[0] == "ok":
@@ -256,8 +259,6 @@ class RemotePoolRun(PoolRun):
                     _, message, text, cpu_s, wall_s = reply
                     error = RemoteError(message, f"(on the remote worker {worker.where})\n{text}")
                     results = self._handling.failed(oldest.item, stats, error)
-                done = clock()
-                stats.transfer_s += oldest.put_s + max(0.0, now - started - wall_s) + (done - now)
                 stats.cpu_s += cpu_s
                 stats.busy_s += wall_s
                 stats.held_bytes -= oldest.item.nbytes

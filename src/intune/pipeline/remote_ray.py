@@ -327,7 +327,7 @@ class RayActor:
 
     def __init__(self, ray: Any, fn_blob: bytes) -> None:
         self._ray = ray
-        sys_path = [os.path.abspath(p) for p in sys.path if p]
+        sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]  # "" is the working directory
         cls = actor_class(ray)
         self.handle = cls.options(
             num_cpus=1, max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD"
