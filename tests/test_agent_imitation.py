@@ -88,3 +88,53 @@ def test_a_short_imitation_learns_to_feed_the_udf():
     score = score_episode(sim, IntunePolicy(network=q, config=config, online=False), ticks=40, seed=1)
     assert sim.true_throughput() > 1.5 * even and score.ratio > 0.8 and score.ooms == 0
     assert log.states[-1] > log.states[0]
+
+
+# the UDF (process workers) may run on 2 remote nodes of 4 CPUs; the trainer needs 3x what its 4 CPUs make
+REMOTE = spec_from_dict({
+    "name": "tiny-remote",
+    "batch_size": 1000,
+    "chunk_rows": 1000,
+    "bytes_per_row": 1000,
+    "machine": {"cpus": 4, "memory_limit_gb": 16, "host_memory_gb": 64, "base_memory_gb": 1},
+    "consumer": {"model_latency_s": 1000 / 450_000},
+    "stages": [
+        {"name": "read", "kind": "read", "cpu_us_per_row": 2.0},
+        {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 20.0,
+         "remote": {"nodes": 2, "cpus_per_node": 4, "bandwidth_mb_s": 1000.0, "latency_ms": 1.0}},
+        {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 1.0},
+    ],
+})
+
+
+def test_beside_a_remote_pool_the_teacher_targets_the_local_optimum_beside_the_remote_workers_running():
+    from intune.sim.oracle import search_optimum
+
+    config = AgentConfig()
+    sim = Simulator(REMOTE, cpus=4, seed=0)
+    policy = DaggerPolicy(IntunePolicy(network=new_network(config), config=config, online=False), 0.0,
+                          np.random.default_rng(0), 0.0)
+    seen = set()
+
+    def check(obs, applied):
+        remote = sim.knobs["udf.remote_workers"].value
+        target = policy._target(obs)
+        assert "udf.remote_workers" not in target or target["udf.remote_workers"] == remote
+        assert target == search_optimum(sim, int(obs.cpus), config.teacher_objective, policy.teacher.margins,
+                                        remote_workers=remote)[0]
+        seen.add(remote)
+
+    run_episode(sim, policy, 60, on_tick=check)
+    assert len(seen) > 1  # the sizing rule moved the remote workers, and the target followed them
+    # the more remote workers run, the fewer local ones the udf needs
+    few, many = (search_optimum(sim, 4, "throughput", remote_workers=r)[0] for r in (0, 8))
+    assert many["udf.workers"] < few["udf.workers"]
+
+
+def test_on_the_teachers_ticks_the_remote_sizing_rule_still_sizes_the_remote_workers():
+    config = AgentConfig()
+    policy = DaggerPolicy(IntunePolicy(network=new_network(config), config=config, online=False), 1.0,
+                          np.random.default_rng(0), 0.0)
+    result = run_episode(Simulator(REMOTE, cpus=4, seed=0), policy, 60)
+    assert result.knobs["udf.remote_workers"][-1] > 0  # the trainer needs 3x what 4 CPUs make: workers were added
+    assert len(policy.states) == 59 and all(valid.sum() == 3 for _r, valid, *_ in policy.states)  # local knobs only

@@ -55,3 +55,30 @@ def test_global_only_hides_the_stage_signals():
     kept = KNOB_FEATURES.index("value_share")
     assert np.allclose(full[:, kept], blind[:, kept])
     assert np.allclose(full[:, kept], [1 / 8, 1 / 8])  # one worker of 8 CPUs each
+
+
+def test_imitation_draws_remote_pools_on_a_heavy_map_stage_with_a_demand_past_the_machine():
+    from intune.agent.env import with_remote_pool
+    from intune.agent.pretrain import training_sim
+    from intune.sim.oracle import local_best_rows
+    from intune.sim.spec import workload_variant
+
+    config = AgentConfig()
+    rng = np.random.default_rng(5)
+    pooled = 0
+    for _ in range(30):
+        base = training_sim(rng, config, 200)
+        sim = with_remote_pool(rng, base, 200)
+        if sim is base:  # no map stage, or irregular stages: no pool is modelled
+            continue
+        pooled += 1
+        stage = sim.spec.stages[sim.remote_pool.stage]
+        rows = sim.spec.rows_per_item()
+        cost = [s.cpu_us_per_row + s.item_overhead_us / r for s, r in zip(sim.spec.stages, rows, strict=True)]
+        assert stage.kind in ("map", "udf") and 0.5 <= cost[sim.remote_pool.stage] / sum(cost) <= 0.9
+        assert all(0 < t < 200 and 1 <= n <= stage.remote.nodes // 2 for t, n in stage.remote.node_loss.items())
+        demand = sim.params.demand
+        if demand > 0:  # 1.2-4x the most the machine makes alone at the episode's first CPU count
+            alone = local_best_rows(workload_variant(sim.spec, cpus=int(sim.schedule.levels[0])))
+            assert 1.2 * 0.999 <= demand / alone <= 4.0 * 1.001
+    assert pooled >= 10

@@ -236,3 +236,15 @@ def test_without_a_remote_pool_every_number_is_what_it_was(workload, policy):
     sim = Simulator(workload)
     assert not any(k.remote for k in sim.knobs.values()) and sim.remote_pool is None
     assert _fingerprint(workload, policy) == NO_POOL_FINGERPRINTS[(workload, policy)]
+
+
+def test_a_heavy_map_stage_takes_the_share_of_the_cpu_per_row_asked():
+    from intune.sim.random_specs import with_heavy_map_stage
+
+    # read 2 + prefetch 1 us per row: at 0.85 the udf takes 0.85 / 0.15 x 3 = 17 us of 20 per row
+    spec, name = with_heavy_map_stage(_spec(), 0.85, min_max_workers=64)
+    udf = spec.stages[1]
+    assert name == "udf" and udf.cpu_us_per_row == pytest.approx(17.0) and udf.max_workers >= 64
+    assert [s.cpu_us_per_row for s in spec.stages[::2]] == [2.0, 1.0]
+    # a stage whose cost varies per item takes no remote pool in the model: none is made heavy
+    assert with_heavy_map_stage(_spec(udf={"size_cv": 0.5}), 0.85) is None

@@ -94,6 +94,11 @@ class AgentConfig:
     imitation_epochs: int = 6
     """Passes over all labelled states after each round (cross-entropy on each knob's head)."""
 
+    imitation_remote_share: float = 0.0
+    """Share of the imitation's pipelines (and of extra validation pipelines) whose heaviest map stage
+    gets a remote pool (``env.with_remote_pool``): the local allocation beside remote workers is one
+    no local-only pipeline shows. 0 (the shipped weights') draws none and leaves every other draw as
+    it was."""
     imitation_teacher_share: float = 0.2
     """Share of ticks in the learner's rounds where the teacher acts (the states it leads to get labels too)."""
 

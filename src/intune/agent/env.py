@@ -4,8 +4,9 @@
 contract's ``reward(obs, scale)`` with the phase optimum (``sim.optimum(cpus)``) as the scale, so a
 perfect allocation earns 1 per tick on every pipeline. ``random_sim`` draws the pretraining
 distribution (2-8 stages, 2-128 CPUs with resizes at random times, tight and loose memory, model
-latency from 0 to the pipeline's own) from the generators in ``intune.sim.random_specs``. It must not
-learn or choose actions.
+latency from 0 to the pipeline's own) from the generators in ``intune.sim.random_specs``;
+``with_remote_pool`` gives a share of the imitation's pipelines a remote pool. It must not learn or
+choose actions.
 """
 
 from __future__ import annotations
@@ -136,3 +137,46 @@ def _with_memory_and_consumer(rng: np.random.Generator, config: AgentConfig, spe
         latency = spec.batch_size / best_throughput * rng.uniform(0.0, 1.0)
         consumer = dataclasses.replace(consumer, model_latency_s=latency)
     return dataclasses.replace(spec, machine=machine, consumer=consumer)
+
+
+def with_remote_pool(rng: np.random.Generator, sim, ticks: int):
+    """``sim``'s pipeline with its costliest map stage made heavy (half to nine tenths of the CPU per row)
+    and given a remote pool, as a fresh Simulator on the same CPU schedule; ``sim`` itself where the
+    pipeline has no regular map stage.
+
+    The pool: 1-32 nodes of 4, 8 or 16 CPUs, links of 200-2,000 MB/s and 1-20 ms, remote CPUs 1-1.5x
+    as slow as local ones, in a third of the pipelines up to half the nodes lost within the ``ticks``
+    the episode runs. The
+    demand: unknown in half of them, otherwise 1.2-4x the most the machine makes alone. Remote workers
+    are sized by the shared rule (``intune.policies.remote_sizing``), not the network; the pool is
+    here because the local allocation beside it differs from any local-only pipeline's: with the
+    heavy stage's rows going remote, the light stages carry several times their usual rows/s, every
+    stage can be busy while CPUs are free, and they need workers their share of the cost would never
+    suggest.
+    """
+    from intune.sim.oracle import local_best_rows
+    from intune.sim.random_specs import with_heavy_map_stage
+    from intune.sim.simulator import Simulator
+    from intune.sim.spec import RemotePoolSpec, workload_variant
+
+    heavy = with_heavy_map_stage(sim.spec, float(rng.uniform(0.5, 0.9)), min_max_workers=4 * sim.schedule.max_cpus)
+    if heavy is None:
+        return sim
+    spec, stage = heavy
+    nodes = _log_uniform_int(rng, 1, 32)
+    loss = {}
+    if nodes >= 2 and rng.random() < 1 / 3:
+        loss = {int(rng.integers(ticks // 4, 3 * ticks // 4 + 1)):
+                int(rng.integers(1, nodes // 2 + 1))}
+    pool = RemotePoolSpec(nodes=nodes, cpus_per_node=int(rng.choice([4, 8, 16])),
+                          bandwidth_mb_s=float(math.exp(rng.uniform(math.log(200.0), math.log(2000.0)))),
+                          latency_ms=float(rng.uniform(1.0, 20.0)), cost_factor=float(rng.uniform(1.0, 1.5)),
+                          node_loss=loss)
+    stages = tuple(dataclasses.replace(s, remote=pool) if s.name == stage else s for s in spec.stages)
+    spec = dataclasses.replace(spec, stages=stages)
+    latency = 0.0
+    if rng.random() < 0.5:
+        alone = local_best_rows(workload_variant(spec, name=spec.name, cpus=int(sim.schedule.levels[0])))
+        latency = spec.batch_size / (float(rng.uniform(1.2, 4.0)) * alone) if alone > 0 else 0.0
+    spec = workload_variant(spec, name=f"{spec.name}+remote", model_latency_s=latency)
+    return Simulator(spec, cpus=sim.schedule, seed=int(rng.integers(2**31)))

@@ -29,8 +29,9 @@ from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
 from intune.agent.teacher import label_weights, teacher_choice
 from intune.monitor.observation import Observation
+from intune.policies.remote_sizing import local_knobs
 from intune.policies.safety import WORKER_CEILING
-from intune.sim.oracle import OraclePolicy
+from intune.sim.oracle import OraclePolicy, search_optimum
 
 TEACHER_REFRESH_TICKS = 30  # drift moves the optimum slowly: the teacher re-searches it this often
 
@@ -52,8 +53,12 @@ class DaggerPolicy:
         self.teacher_share = teacher_share
         self.rng = rng
         self.random_start = random_start
+        self.refresh_ticks = refresh_ticks
         self.teacher = OraclePolicy(refresh_ticks=refresh_ticks, objective=student.config.teacher_objective,
                                     margins=(student.config.memory_margin, WORKER_CEILING))
+        self._remote_key: tuple[int, int] | None = None
+        self._remote_tick = 0
+        self._remote_target: dict[str, int] = {}
         self.states: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def bind_simulator(self, sim) -> None:
@@ -65,6 +70,7 @@ class DaggerPolicy:
         self.student.reset(knobs, observation)
         self.teacher.reset(knobs, observation)
         self._first = True
+        self._remote_key = None
 
     def step(self, observation: Observation) -> dict[str, int]:
         if self._first:
@@ -75,7 +81,7 @@ class DaggerPolicy:
             return start
         request = self.student.step(observation)
         safety, values, mask = self.student.safety, [k.value for k in self.student.safety.knobs], self.student.last_mask
-        target = self.teacher.target(observation)
+        target = self._target(observation)
         label = teacher_choice(safety, observation, values, target, mask)
         config = self.student.config
         weight = label_weights(self.sim.true_throughput, target, [k.name for k in safety.knobs], values,
@@ -93,15 +99,33 @@ class DaggerPolicy:
         if self.rng.random() < self.teacher_share:
             wanted, choice = safety.hard_limits(label, observation, values, self.student.floor)
             self.student.chooser.builder.applied(safety.deltas[choice])
-            return {k.name: int(w) for k, v, w in zip(safety.knobs, values, wanted, strict=True) if w != v}
+            local = {k.name for k in safety.knobs}
+            remote = {name: value for name, value in request.items() if name not in local}  # the sizing rule's
+            return {**remote, **{k.name: int(w) for k, v, w in zip(safety.knobs, values, wanted, strict=True) if w != v}}
         return request
 
+    def _target(self, observation: Observation) -> dict[str, int]:
+        """The teacher's allocation of the local knobs. With a remote pool, the optimum beside the remote
+        workers running now (the shared sizing rule sets those, not the network): a label toward the
+        optimum beside another worker count would teach moves this state does not need."""
+        pool = getattr(self.sim, "remote_pool", None)
+        if pool is None:
+            return self.teacher.target(observation)
+        remote = int(self.sim.knobs[f"{self.sim.params.names[pool.stage]}.remote_workers"].value)
+        key = (int(observation.cpus), remote)
+        if key != self._remote_key or observation.tick - self._remote_tick >= self.refresh_ticks:
+            self._remote_target = search_optimum(self.sim, key[0], self.teacher.objective, self.teacher.margins,
+                                                 remote_workers=remote)[0]
+            self._remote_key, self._remote_tick = key, observation.tick
+        return self._remote_target
+
     def _random_allocation(self, obs: Observation) -> dict[str, int]:
-        """Workers log-uniform in [1, 2 x CPUs / stages], buffers log-uniform within their bounds (capped
-        at 1 GB); the runner and the memory margin decide what is granted."""
+        """Local workers log-uniform in [1, 2 x CPUs / stages], buffers log-uniform within their bounds
+        (capped at 1 GB); the runner and the memory margin decide what is granted."""
         out = {}
-        n = max(1, sum(k.unit == "cpu" for k in self.knobs.values()))
-        for name, knob in self.knobs.items():
+        knobs = local_knobs(self.knobs)
+        n = max(1, sum(k.unit == "cpu" for k in knobs.values()))
+        for name, knob in knobs.items():
             hi = max(2.0, 2.0 * obs.cpus / n) if knob.unit == "cpu" else min(knob.max, 1024)
             lo = max(knob.min, 1)
             out[name] = knob.clamp(float(np.exp(self.rng.uniform(np.log(lo), np.log(max(hi, lo))))))

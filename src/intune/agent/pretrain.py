@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import torch
 
 from intune.agent.config import AgentConfig
 from intune.agent.dqn import TrainingLog, new_network, train
-from intune.agent.env import SimEnv, random_sim
+from intune.agent.env import SimEnv, random_sim, with_remote_pool
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import ImitationLog, imitate
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
@@ -47,6 +48,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="per-knob moves, e.g. -1,0,1 for the ablation without +-5")
     parser.add_argument("--teacher", choices=("reward", "reachable", "throughput"), default=defaults.teacher_objective,
                         help="what the imitation teacher's allocation maximises (AgentConfig.teacher_objective)")
+    parser.add_argument("--remote-share", type=float, default=defaults.imitation_remote_share,
+                        help="share of the imitation's pipelines with a remote pool")
     parser.add_argument("--validation", type=int, default=defaults.validation_pipelines,
                         help="validation pipelines that pick the best round")
     parser.add_argument("--curve", default=None, help="write the learning curve as a PNG here")
@@ -68,6 +71,8 @@ def validation_sims(config: AgentConfig, n: int | None = None):
             sims.append(Simulator(random_workload(rng, name=f"validation-{i}"), cpus=schedule, seed=i))
         else:
             sims.append(random_sim(rng, config, ticks=VALIDATION_TICKS))
+    for _ in range(math.ceil(n * config.imitation_remote_share)):  # beside a remote pool, as the imitation
+        sims.append(with_remote_pool(rng, training_sim(rng, config, VALIDATION_TICKS), VALIDATION_TICKS))
     return sims
 
 
@@ -96,12 +101,19 @@ def training_sim(rng: np.random.Generator, config: AgentConfig, ticks: int):
     return Simulator(random_workload(rng), cpus=schedule, seed=int(rng.integers(2**31)))
 
 
+def imitation_sim(rng: np.random.Generator, config: AgentConfig):
+    """One imitation pipeline: a ``training_sim``, with a remote pool in ``imitation_remote_share`` of them."""
+    sim = training_sim(rng, config, config.imitation_ticks)
+    if config.imitation_remote_share > 0 and rng.random() < config.imitation_remote_share:  # 0: the draws as before
+        sim = with_remote_pool(rng, sim, config.imitation_ticks)
+    return sim
+
+
 def pretrain(config: AgentConfig, out: str | Path, log=print) -> tuple[Path, ImitationLog, TrainingLog | None]:
     """Train from scratch with ``config`` (imitation, then DQN) and write the weights to ``out``."""
     torch.set_num_threads(1)
     evaluate = make_evaluator(config)
-    q, imitation = imitate(config, lambda rng: training_sim(rng, config, config.imitation_ticks), new_network(config),
-                           evaluate, log=log)
+    q, imitation = imitate(config, lambda rng: imitation_sim(rng, config), new_network(config), evaluate, log=log)
     history = None
     if config.total_steps > 0:
         imitated = {k: v.clone() for k, v in q.state_dict().items()}
@@ -154,11 +166,13 @@ def run(args: argparse.Namespace) -> int:
                f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "")
                + (f" --teacher {args.teacher}" if args.teacher != defaults.teacher_objective else "")
                + (f" --validation {args.validation}" if args.validation != defaults.validation_pipelines else "")
+               + (f" --remote-share {args.remote_share}" if args.remote_share != defaults.imitation_remote_share else "")
                + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, teacher_objective=args.teacher,
-                         validation_pipelines=args.validation, extra={"command": command})
+                         validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
+                         extra={"command": command})
     started = time.time()
     path, imitation, history = pretrain(config, args.out)
     seconds = time.time() - started

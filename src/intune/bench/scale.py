@@ -48,7 +48,8 @@ from intune.bench import md_report
 from intune.policies import POLICY_NAMES, make
 from intune.results import format_table, machine_info, write_json
 from intune.sim import Simulator, random_workload, run_episode, spec_from_dict, workload_variant
-from intune.sim.oracle import bounds_from_knobs, optimal_allocation
+from intune.sim.oracle import local_best_rows
+from intune.sim.random_specs import with_heavy_map_stage
 from intune.sim.spec import RemotePoolSpec, WorkloadSpec
 
 TICKS = 200
@@ -149,27 +150,17 @@ def held_out(seed: int, cpus: int) -> tuple[WorkloadSpec, str]:
     are ``intune bench sim``'s subject, not this one's); returns the spec and that stage's name."""
     spec = random_workload(np.random.default_rng(seed), cpus=cpus, tight_memory_p=0.0, consumer_bound_p=0.0,
                            name=f"held-out-{seed}")
-    rows = spec.rows_per_item()
-    cost = [s.cpu_us_per_row + s.item_overhead_us / r for s, r in zip(spec.stages, rows, strict=True)]
-    maps = [i for i, s in enumerate(spec.stages) if s.kind in ("map", "udf")]
-    if not maps:
-        raise ValueError(f"held-out spec of seed {seed} has no map stage for a remote pool")
-    i = max(maps, key=cost.__getitem__)
-    others = sum(cost) - cost[i]
-    scaled = MAP_SHARE / (1.0 - MAP_SHARE) * others  # its CPU per row, per-item overhead included
-    s = spec.stages[i]
-    factor = scaled / cost[i]
-    stage = dataclasses.replace(
-        s, cpu_us_per_row=s.cpu_us_per_row * factor, item_overhead_us=s.item_overhead_us * factor,
-        max_workers=max(s.max_workers, 4 * cpus),
-    )
-    stages = tuple(stage if k == i else t for k, t in enumerate(spec.stages))
+    heavy = with_heavy_map_stage(spec, MAP_SHARE, min_max_workers=4 * cpus)
+    if heavy is None:
+        raise ValueError(f"held-out spec of seed {seed} has no regular map stage for a remote pool")
+    spec, name = heavy
+    stages = spec.stages
     # memory is not what this benchmark measures: room for every stage's workers at the knobs' maximum
     m = spec.machine
     room = sum(t.worker_mb or 0.0 for t in stages) * 4 * cpus / 1024
     limit = m.memory_limit_gb + room
     machine = dataclasses.replace(m, memory_limit_gb=limit, host_memory_gb=max(m.host_memory_gb, 2 * limit))
-    return dataclasses.replace(spec, stages=stages, machine=machine), stage.name
+    return dataclasses.replace(spec, machine=machine), name
 
 
 def case_spec(case: Case) -> WorkloadSpec:
@@ -188,15 +179,8 @@ def case_spec(case: Case) -> WorkloadSpec:
     spec = dataclasses.replace(spec, stages=stages, name=f"{spec.name}@{case.cpus}+{case.nodes}x{case.cpus_per_node}")
     latency = 0.0
     if case.demand == "4x":
-        latency = spec.batch_size / (NEED_FACTOR * local_best(spec))
+        latency = spec.batch_size / (NEED_FACTOR * local_best_rows(spec))
     return workload_variant(spec, name=spec.name, model_latency_s=latency)
-
-
-def local_best(spec: WorkloadSpec) -> float:
-    """The oracle's most rows/s on the trainer alone (no remote worker, no consumer, no drift)."""
-    sim = Simulator(workload_variant(spec, name=spec.name, model_latency_s=0.0), noise=0.0)
-    p = sim.params
-    return float(optimal_allocation(p, spec.machine.cpus, bounds_from_knobs(p.names, sim.knobs))[2])
 
 
 # -------------------------------------------------------------------------------------------- metrics

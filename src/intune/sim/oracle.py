@@ -478,7 +478,8 @@ def bounds_from_knobs(names: tuple[str, ...], knobs: Mapping[str, Knob]) -> Boun
 
 
 def search_optimum(
-    sim, cpus: int, objective: str = "reward", margins: tuple[float, float] = (MEMORY_SAFE_FRACTION, 1.0)
+    sim, cpus: int, objective: str = "reward", margins: tuple[float, float] = (MEMORY_SAFE_FRACTION, 1.0),
+    remote_workers: int | None = None,
 ) -> tuple[dict[str, int], float]:
     """The optimum for a ``Simulator`` on ``cpus`` at its current drift, as knob values, and its rows/s.
 
@@ -490,6 +491,9 @@ def search_optimum(
     ``"reachable"``: the most rows/s of any allocation a safety mask with ``margins`` ``(margin,
     ceiling)`` lets a policy reach: worst-case memory under ``margin`` of the limit, or, with every
     buffer at its minimum, under ``ceiling`` (past the margin the mask lets only workers grow).
+    With a remote pool, the local optimum beside ``remote_workers`` remote workers (a teacher of the
+    local knobs while another rule sizes the remote ones), by default beside the fewest that reach the
+    target (``fewest_remote``).
     """
     p = sim.params
     bounds, mult = bounds_from_knobs(p.names, sim.knobs), sim.cpu_multipliers()
@@ -497,7 +501,7 @@ def search_optimum(
         raise ValueError(f"objective must be 'reward', 'throughput' or 'reachable', got {objective!r}")
     pool, remote, placed = sim.remote_pool, None, {}
     if pool is not None:  # the fewest remote workers first, then the local optimum beside them
-        r, _ = fewest_remote(sim, cpus)
+        r = fewest_remote(sim, cpus)[0] if remote_workers is None else int(remote_workers)
         remote = sim.remote_capacity(r, mult)
         placed = {f"{p.names[pool.stage]}.remote_workers": r}
     limit = p.limit_bytes if p.limit_bytes > 0 else np.inf
@@ -519,6 +523,17 @@ def search_optimum(
         {f"{s}.buffer_mb": int(b[i]) for i, s in enumerate(p.names) if f"{s}.buffer_mb" in sim.knobs}
     )
     return alloc, t
+
+
+def local_best_rows(spec) -> float:
+    """The most rows/s a ``WorkloadSpec`` makes on its machine's CPUs alone: no remote worker, no
+    consumer, no drift (the base of a demand stated as a multiple of what the trainer can preprocess)."""
+    from intune.sim.simulator import Simulator
+    from intune.sim.spec import workload_variant
+
+    sim = Simulator(workload_variant(spec, name=spec.name, model_latency_s=0.0), noise=0.0)
+    p = sim.params
+    return float(optimal_allocation(p, spec.machine.cpus, bounds_from_knobs(p.names, sim.knobs))[2])
 
 
 def fewest_remote(sim, cpus: int) -> tuple[int, float]:

@@ -12,6 +12,7 @@ It must not run simulations beyond the one model evaluation that places the cons
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -202,3 +203,31 @@ def random_pipeline_spec(rng: np.random.Generator, n_stages: int, name: str = "r
         "machine": {"cpus": 32, "memory_limit_gb": limit, "host_memory_gb": max(256.0, limit), "base_memory_gb": base,
                     "restart_delay_s": 30.0, "oversubscription_cost": rng.uniform(0.1, 0.5)},
     }, source=f"sim.random_pipeline_spec({name})")
+
+
+def with_heavy_map_stage(spec: WorkloadSpec, share: float, min_max_workers: int = 0) -> tuple[WorkloadSpec, str] | None:
+    """``spec`` with its costliest map stage (kind map or udf, regular: no cost tail, no size spread)
+    scaled to take ``share`` of the CPU per row, per-item overhead included, and a ``max_workers`` of at
+    least ``min_max_workers``; with that stage's name. None where the spec has no such stage or has
+    irregular stages (a remote pool is modelled beside regular stages only).
+
+    The stage a remote pool relieves: where it is light, remote workers never pay and nothing is
+    learned or measured about them.
+    """
+    if any(s.cost_tail is not None or s.size_cv > 0 for s in spec.stages):
+        return None
+    rows = spec.rows_per_item()
+    cost = [s.cpu_us_per_row + s.item_overhead_us / r for s, r in zip(spec.stages, rows, strict=True)]
+    maps = [i for i, s in enumerate(spec.stages) if s.kind in ("map", "udf")]
+    if not maps or not 0.0 < share < 1.0:
+        return None
+    i = max(maps, key=cost.__getitem__)
+    others = sum(cost) - cost[i]
+    if cost[i] <= 0 or others <= 0:
+        return None
+    factor = share / (1.0 - share) * others / cost[i]
+    s = spec.stages[i]
+    stage = dataclasses.replace(s, cpu_us_per_row=s.cpu_us_per_row * factor, item_overhead_us=s.item_overhead_us * factor,
+                                max_workers=max(s.max_workers, min_max_workers))
+    stages = tuple(stage if k == i else t for k, t in enumerate(spec.stages))
+    return dataclasses.replace(spec, stages=stages), stage.name
