@@ -31,7 +31,7 @@ from intune.agent.teacher import label_weights, teacher_choice
 from intune.monitor.observation import Observation
 from intune.policies.remote_sizing import local_knobs
 from intune.policies.safety import WORKER_CEILING
-from intune.sim.oracle import OraclePolicy, search_optimum
+from intune.sim.oracle import OraclePolicy
 
 TEACHER_REFRESH_TICKS = 30  # drift moves the optimum slowly: the teacher re-searches it this often
 
@@ -70,7 +70,6 @@ class DaggerPolicy:
         self.student.reset(knobs, observation)
         self.teacher.reset(knobs, observation)
         self._first = True
-        self._remote_key = None
 
     def step(self, observation: Observation) -> dict[str, int]:
         if self._first:
@@ -109,15 +108,8 @@ class DaggerPolicy:
         workers running now (the shared sizing rule sets those, not the network): a label toward the
         optimum beside another worker count would teach moves this state does not need."""
         pool = getattr(self.sim, "remote_pool", None)
-        if pool is None:
-            return self.teacher.target(observation)
-        remote = int(self.sim.knobs[f"{self.sim.params.names[pool.stage]}.remote_workers"].value)
-        key = (int(observation.cpus), remote)
-        if key != self._remote_key or observation.tick - self._remote_tick >= self.refresh_ticks:
-            self._remote_target = search_optimum(self.sim, key[0], self.teacher.objective, self.teacher.margins,
-                                                 remote_workers=remote)[0]
-            self._remote_key, self._remote_tick = key, observation.tick
-        return self._remote_target
+        remote = None if pool is None else int(self.sim.knobs[f"{self.sim.params.names[pool.stage]}.remote_workers"].value)
+        return self.teacher.target(observation, remote_workers=remote)
 
     def _random_allocation(self, obs: Observation) -> dict[str, int]:
         """Local workers log-uniform in [1, 2 x CPUs / stages], buffers log-uniform within their bounds

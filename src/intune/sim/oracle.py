@@ -587,18 +587,20 @@ class OraclePolicy:
             )
         self._knobs = knobs
         self._cpus: float | None = None
-        self._pool: tuple[float, float] | None = None  # (remote CPUs, demand) the target was searched for
+        self._pool: tuple[float, float, int | None] | None = None  # (remote CPUs, demand, remote workers) searched for
         self._since = 0
         self._target: dict[str, int] = {}
 
-    def target(self, observation: Observation) -> dict[str, int]:
-        """The optimum's knob values, searched again at a CPU change, a change of the remote pool's CPUs
-        or of the demand, and every ``refresh_ticks`` calls."""
+    def target(self, observation: Observation, remote_workers: int | None = None) -> dict[str, int]:
+        """The optimum's knob values, searched again at a CPU change, a change of the remote pool's CPUs,
+        of the demand or of ``remote_workers``, and every ``refresh_ticks`` calls. ``remote_workers``:
+        the local optimum beside that many remote workers (``search_optimum``), not beside the fewest."""
         self._since += 1
-        pool = (observation.remote_cpus, observation.demand)
+        pool = (observation.remote_cpus, observation.demand, remote_workers)
         every = self.refresh_ticks if observation.remote_cpus <= 0 else min(self.refresh_ticks, REMOTE_REFRESH_TICKS)
         if observation.cpus != self._cpus or self._since >= every or pool != self._pool:
-            self._target, _ = search_optimum(self.sim, int(observation.cpus), self.objective, self.margins)
+            self._target, _ = search_optimum(self.sim, int(observation.cpus), self.objective, self.margins,
+                                             remote_workers=remote_workers)
             self._cpus, self._since, self._pool = observation.cpus, 0, pool
         return self._target
 
