@@ -71,12 +71,13 @@ def test_n_step_returns_match_hand_computed_values():
     assert buf.rows[1, 0, 0] == 2.0  # each transition starts at its own tick
 
 
+@pytest.mark.parametrize("members", [1, 3])
 @pytest.mark.parametrize("knobs", [2, 5, 16])
-def test_the_numpy_forward_gives_the_networks_q_values(knobs):
+def test_the_numpy_forward_gives_the_networks_q_values(knobs, members):
     from intune.agent.network import NumpyQ
 
     torch.manual_seed(knobs)
-    q = new_network(AgentConfig())
+    q = new_network(AgentConfig(ensemble_members=members))
     rows = torch.randn(4, MAX_KNOBS, N_FEATURES)
     valid = torch.zeros(4, MAX_KNOBS, dtype=torch.bool)
     valid[:, :knobs] = True
@@ -85,3 +86,16 @@ def test_the_numpy_forward_gives_the_networks_q_values(knobs):
         expected = q(rows, valid).numpy()
     np.testing.assert_allclose(NumpyQ(q)(rows.numpy(), valid.numpy()), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(NumpyQ(q)(rows[0].numpy(), valid[0].numpy()), expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_an_ensemble_decides_by_its_members_mean_q_values():
+    torch.manual_seed(0)
+    q = new_network(AgentConfig(ensemble_members=3))
+    rows = torch.randn(2, MAX_KNOBS, N_FEATURES)
+    valid = torch.ones(2, MAX_KNOBS, dtype=torch.bool)
+    with torch.no_grad():
+        each = [member(rows, valid) for member in q.members]
+        torch.testing.assert_close(q(rows, valid), (each[0] + each[1] + each[2]) / 3)
+    assert not torch.allclose(each[0], each[1])  # members start apart
+    with pytest.raises(ValueError, match="ensemble_members"):
+        new_network(AgentConfig(ensemble_members=0))

@@ -13,6 +13,7 @@ import torch
 from _knobs import kind_of
 from _online import fine_tune
 from intune.agent.features import N_FEATURES
+from intune.agent.network import members_of
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, load_weights
 from intune.bench.agent import decision_time
 from intune.policies import even_split, make
@@ -26,6 +27,26 @@ def test_shipped_weights_load_with_weights_only_and_are_small():
     q, config = load_weights()
     assert config.action_deltas == (-5, -1, 0, 1, 5)
     assert sum(p.numel() for p in q.parameters()) > 0
+
+
+def test_an_ensemble_pretrains_each_member_as_its_seed_alone_and_loads_back_as_saved(tmp_path):
+    from intune.agent.config import AgentConfig
+    from intune.agent.network import EnsembleQNetwork
+    from intune.agent.pretrain import pretrain
+
+    tiny = dict(imitation_rounds=1, imitation_episodes=1, imitation_ticks=15, total_steps=0, validation_pipelines=1,
+                hidden=16)
+    path, logs = pretrain(AgentConfig(seed=5, ensemble_members=2, **tiny), tmp_path / "ensemble.pt", log=lambda _: None)
+    assert [m.seed for m in logs] == [5, 6]
+    q, config = load_weights(path)
+    assert isinstance(q, EnsembleQNetwork) and config.ensemble_members == 2 and config.seed == 5
+    alone, _ = pretrain(AgentConfig(seed=6, **tiny), tmp_path / "alone.pt", log=lambda _: None)
+    single, _ = load_weights(alone)
+    for a, b in zip(q.members[1].parameters(), single.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    rows, valid = torch.randn(4, N_FEATURES), torch.ones(4, dtype=torch.bool)
+    with torch.no_grad():
+        torch.testing.assert_close(q(rows, valid), (q.members[0](rows, valid) + single(rows, valid)) / 2)
 
 
 def test_missing_or_broken_weights_name_the_file(tmp_path):
@@ -121,12 +142,24 @@ def test_decision_takes_under_a_millisecond():
         gc.enable()
 
 
-def test_online_fine_tuning_learns_without_touching_the_shipped_network():
-    shipped, _ = load_weights()
+@pytest.mark.parametrize("members", [0, 2])  # 0: the shipped network; 2: a fresh ensemble of two
+def test_online_fine_tuning_learns_without_touching_the_shipped_network(members):
+    from intune.agent.config import AgentConfig
+    from intune.agent.dqn import new_network
+
+    if members:
+        torch.manual_seed(0)
+        config = AgentConfig(ensemble_members=members)
+        shipped = new_network(config)
+    else:
+        shipped, config = load_weights()
     before = [p.detach().clone() for p in shipped.parameters()]
-    policy = fine_tune(IntunePolicy(network=shipped, online=True), Simulator(load_workload("criteo"), cpus=16, seed=3), 80)
+    policy = fine_tune(IntunePolicy(network=shipped, config=config, online=True),
+                       Simulator(load_workload("criteo"), cpus=16, seed=3), 80)
     assert all(torch.equal(a, b) for a, b in zip(before, shipped.parameters(), strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.q.parameters(), strict=True))
+    for old, tuned in zip(members_of(shipped), members_of(policy.q), strict=True):  # every member learns
+        assert any(not torch.equal(a, b) for a, b in zip(old.parameters(), tuned.parameters(), strict=True))
     # the decisions use the fine-tuned network, not the snapshot taken at the start
     rows, valid = np.random.default_rng(0).normal(size=(6, N_FEATURES)).astype(np.float32), np.ones(6, dtype=bool)
     with torch.no_grad():

@@ -31,6 +31,10 @@ class AgentConfig:
     hidden: int = 128
     """Width of the two hidden layers of the shared three-layer MLP."""
 
+    ensemble_members: int = 1
+    """Networks pretrained apart (seeds ``seed`` to ``seed + members - 1``) whose mean Q-values decide
+    (``network.EnsembleQNetwork``); 1: one network."""
+
     learning_rate: float = 1e-3
     """Adam learning rate of pretraining."""
 

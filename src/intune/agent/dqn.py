@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
-from intune.agent.network import BranchingQNetwork
+from intune.agent.network import BranchingQNetwork, EnsembleQNetwork, QNetwork
 from intune.agent.replay import NStepAccumulator, ReplayBuffer
 from intune.agent.teacher import teacher_choice
 from intune.knobs import Knob
@@ -83,8 +83,12 @@ class TrainingLog:
     best_step: int = 0  # the validated network returned (the best of the second half of training)
 
 
-def new_network(config: AgentConfig) -> BranchingQNetwork:
-    return BranchingQNetwork(N_FEATURES, len(config.action_deltas), config.hidden)
+def new_network(config: AgentConfig) -> QNetwork:
+    """A fresh network of ``config``'s shape: one, or an ensemble of ``ensemble_members``."""
+    if config.ensemble_members < 1:
+        raise ValueError(f"ensemble_members must be at least 1, got {config.ensemble_members}")
+    members = [BranchingQNetwork(N_FEATURES, len(config.action_deltas), config.hidden) for _ in range(config.ensemble_members)]
+    return members[0] if len(members) == 1 else EnsembleQNetwork(members)
 
 
 def _open(env: Env, config: AgentConfig, nstep: NStepAccumulator | None = None,
@@ -108,7 +112,7 @@ def _pad_mask(mask: np.ndarray, n_actions: int) -> np.ndarray:
     return out
 
 
-def td_loss(q: BranchingQNetwork, target: BranchingQNetwork, batch) -> torch.Tensor:
+def td_loss(q: QNetwork, target: QNetwork, batch) -> torch.Tensor:
     """Huber loss of the taken actions' Q against r + gamma^n * mean_k Q_target_k(s', argmax Q_k(s'))."""
     with torch.no_grad():
         next_online = q(batch.next_rows, batch.next_valid).masked_fill(~batch.next_mask, -1e9)
@@ -126,10 +130,10 @@ def td_loss(q: BranchingQNetwork, target: BranchingQNetwork, batch) -> torch.Ten
 def train(
     config: AgentConfig,
     make_env: Callable[[np.random.Generator], Env],
-    evaluate: Callable[[BranchingQNetwork], float] | None = None,
+    evaluate: Callable[[QNetwork], float] | None = None,
     log: Callable[[str], None] = print,
-    q: BranchingQNetwork | None = None,
-) -> tuple[BranchingQNetwork, TrainingLog]:
+    q: QNetwork | None = None,
+) -> tuple[QNetwork, TrainingLog]:
     """Pretrain (or continue training ``q``) on pipelines drawn by ``make_env``; return it and its curve.
 
     With ``evaluate``, the network returned is the best-scoring one of the second half of training

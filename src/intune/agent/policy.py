@@ -21,7 +21,7 @@ import torch
 from intune.agent.config import AgentConfig
 from intune.agent.dqn import new_network, td_loss
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
-from intune.agent.network import BranchingQNetwork, NumpyQ
+from intune.agent.network import NumpyQ, QNetwork
 from intune.agent.online_adam import OnlineAdam
 from intune.agent.replay import ReplayBuffer
 from intune.knobs import Knob
@@ -35,7 +35,7 @@ DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
 WEIGHTS_FORMAT = 2
 
 
-def save_weights(path: str | Path, q: BranchingQNetwork, config: AgentConfig) -> Path:
+def save_weights(path: str | Path, q: QNetwork, config: AgentConfig) -> Path:
     """Write the network and its config as plain tensors and primitives (loadable with weights_only)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -44,7 +44,7 @@ def save_weights(path: str | Path, q: BranchingQNetwork, config: AgentConfig) ->
     return out
 
 
-def load_weights(path: str | Path = DEFAULT_WEIGHTS) -> tuple[BranchingQNetwork, AgentConfig]:
+def load_weights(path: str | Path = DEFAULT_WEIGHTS) -> tuple[QNetwork, AgentConfig]:
     """Load a weights file written by ``save_weights``; errors name the file."""
     path = Path(path)
     if not path.exists():
@@ -62,12 +62,12 @@ def load_weights(path: str | Path = DEFAULT_WEIGHTS) -> tuple[BranchingQNetwork,
     return q, config
 
 
-def network_state(q: BranchingQNetwork) -> dict[str, np.ndarray]:
+def network_state(q: QNetwork) -> dict[str, np.ndarray]:
     """A network's weights as numpy arrays (a checkpoint holds no torch objects)."""
     return {name: t.detach().cpu().numpy().copy() for name, t in q.state_dict().items()}
 
 
-def load_network_state(q: BranchingQNetwork, state: Mapping[str, Any], what: str) -> None:
+def load_network_state(q: QNetwork, state: Mapping[str, Any], what: str) -> None:
     """Set ``q``'s weights from ``network_state``; a missing, extra or reshaped tensor raises naming it."""
     own = q.state_dict()
     if set(own) != set(state):
@@ -84,13 +84,13 @@ class NetworkChooser:
     Shared by ``IntunePolicy`` and by ``intune+steer`` (the same choice, handed to the steering rules).
     """
 
-    def __init__(self, q: BranchingQNetwork, config: AgentConfig, knobs: Mapping[str, Knob]) -> None:
+    def __init__(self, q: QNetwork, config: AgentConfig, knobs: Mapping[str, Knob]) -> None:
         self.q = q
         self.config = config
         self.builder = FeatureBuilder(knobs, global_only=config.global_only)
         # decisions run in numpy (see NumpyQ: torch spins on a saturated machine); a stand-in network
         # of another class (tests) runs as it is
-        self.numpy_q = NumpyQ(q) if isinstance(q, BranchingQNetwork) else None
+        self.numpy_q = NumpyQ(q) if isinstance(q, QNetwork) else None
         self.last: tuple[np.ndarray, np.ndarray] | None = None  # this tick's padded rows and valid mask
 
     def q_values(self, obs: Observation) -> np.ndarray:
@@ -103,7 +103,7 @@ class NetworkChooser:
         with torch.inference_mode():
             return self.q(torch.from_numpy(rows[:n]), torch.from_numpy(valid[:n])).numpy()
 
-    def refresh(self, q: BranchingQNetwork) -> None:
+    def refresh(self, q: QNetwork) -> None:
         self.q = q
         if self.numpy_q is not None:
             self.numpy_q.refresh(q)
@@ -120,7 +120,7 @@ class IntunePolicy:
         weights: str | Path | None = None,
         warm_start: str = "even",
         online: bool = True,
-        network: BranchingQNetwork | None = None,
+        network: QNetwork | None = None,
         config: AgentConfig | None = None,
         seed: int = 0,
     ) -> None:
@@ -135,7 +135,7 @@ class IntunePolicy:
         self.online = online
         self._rng = np.random.default_rng(seed)
         self._optimizer: OnlineAdam | None = None
-        self._target: BranchingQNetwork | None = None
+        self._target: QNetwork | None = None
         self._buffer: ReplayBuffer | None = None
         self._observed = 0
 
@@ -288,7 +288,7 @@ class IntunePolicy:
 class NetworkProposer:
     """The network's Q-values as a proposal for the steering rules (``intune+steer``)."""
 
-    def __init__(self, q: BranchingQNetwork, config: AgentConfig) -> None:
+    def __init__(self, q: QNetwork, config: AgentConfig) -> None:
         self.q = q
         self.config = config
 

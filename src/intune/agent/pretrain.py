@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from intune.agent.dqn import TrainingLog, new_network, train
 from intune.agent.env import SimEnv, random_sim, with_remote_pool
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import ImitationLog, imitate
+from intune.agent.network import BranchingQNetwork, EnsembleQNetwork
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
 from intune.results import save_figure
 
@@ -50,6 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="what the imitation teacher's allocation maximises (AgentConfig.teacher_objective)")
     parser.add_argument("--remote-share", type=float, default=defaults.imitation_remote_share,
                         help="share of the imitation's pipelines with a remote pool")
+    parser.add_argument("--members", type=int, default=defaults.ensemble_members,
+                        help="networks pretrained from seeds SEED.. SEED+M-1 that decide together (an ensemble)")
+    parser.add_argument("--jobs", type=int, default=1, help="member networks pretrained at a time, in processes")
     parser.add_argument("--validation", type=int, default=defaults.validation_pipelines,
                         help="validation pipelines that pick the best round")
     parser.add_argument("--curve", default=None, help="write the learning curve as a PNG here")
@@ -109,9 +114,51 @@ def imitation_sim(rng: np.random.Generator, config: AgentConfig):
     return sim
 
 
-def pretrain(config: AgentConfig, out: str | Path, log=print) -> tuple[Path, ImitationLog, TrainingLog | None]:
-    """Train from scratch with ``config`` (imitation, then DQN) and write the weights to ``out``."""
+@dataclass
+class MemberLog:
+    """One member network's pretraining: its seed, the DAgger rounds and the DQN steps (None: none)."""
+
+    seed: int
+    imitation: ImitationLog
+    dqn: TrainingLog | None
+
+
+def pretrain(config: AgentConfig, out: str | Path, log=print, jobs: int = 1) -> tuple[Path, list[MemberLog]]:
+    """Train from scratch with ``config`` and write the weights to ``out``: one network, or with
+    ``ensemble_members`` M the ensemble of M networks pretrained alike from seeds ``seed`` to
+    ``seed + M - 1`` (member ``i`` is what ``--seed seed+i`` alone would make), ``jobs`` at a time in
+    processes of their own."""
+    configs = [replace(config, seed=config.seed + i, ensemble_members=1) for i in range(config.ensemble_members)]
+    if jobs > 1 and len(configs) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(configs))) as pool:
+            made = list(pool.map(_quiet_member, configs))
+    else:
+        made = []
+        for c in configs:
+            if len(configs) > 1:
+                log(f"member seed {c.seed} of {len(configs)} members")
+            made.append(pretrain_network(c, log))
+    members = [(q, MemberLog(c.seed, imitation, history)) for c, (q, imitation, history) in zip(configs, made, strict=True)]
+    if len(members) == 1:
+        return save_weights(out, members[0][0], config), [members[0][1]]
+    ensemble = EnsembleQNetwork([q for q, _ in members])
+    log(f"ensemble of {len(members)}: validation {make_evaluator(config)(ensemble):.3f} on seed {config.seed}'s pipelines")
+    return save_weights(out, ensemble, config), [m for _, m in members]
+
+
+def _quiet_member(config: AgentConfig) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
+    """``pretrain_network`` in a worker process, logging each line with its member's seed."""
+    return pretrain_network(config, lambda line: print(f"[seed {config.seed}] {line}", flush=True))
+
+
+def pretrain_network(config: AgentConfig, log=print) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
+    """One network from scratch: imitation, then DQN, keeping the DQN's network only if it validates
+    better than the imitation's. Seeded by ``config.seed`` alone (the initial weights too), so the
+    network does not depend on what ran before it in the process."""
     torch.set_num_threads(1)
+    torch.manual_seed(config.seed)
     evaluate = make_evaluator(config)
     q, imitation = imitate(config, lambda rng: imitation_sim(rng, config), new_network(config), evaluate, log=log)
     history = None
@@ -126,28 +173,31 @@ def pretrain(config: AgentConfig, out: str | Path, log=print) -> tuple[Path, Imi
                 "keeping the imitation network")
             q.load_state_dict(imitated)
             history.best_step = 0
-    return save_weights(out, q, config), imitation, history
+    return q, imitation, history
 
 
-def plot_curve(imitation: ImitationLog, history: TrainingLog | None, path: str | Path,
-               title: str = "InTune agent pretraining") -> Path:
-    """Validation score (greedy throughput / optimum) after each DAgger round, then along the DQN steps."""
+def plot_curve(members: list[MemberLog], path: str | Path, title: str = "InTune agent pretraining") -> Path:
+    """Per member network: validation score (greedy throughput / optimum) after each DAgger round, then
+    along the DQN steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    left.plot(imitation.rounds, imitation.eval_score, "o-", label="validation: greedy throughput / optimum")
-    left.plot(imitation.rounds, imitation.agreement, "s--", label="labels the network agrees with", alpha=0.7)
+    for m in members:
+        tag = f"seed {m.seed}: " if len(members) > 1 else ""
+        left.plot(m.imitation.rounds, m.imitation.eval_score, "o-", label=f"{tag}validation: greedy throughput / optimum")
+        left.plot(m.imitation.rounds, m.imitation.agreement, "s--", label=f"{tag}labels the network agrees with", alpha=0.7)
+        if m.dqn is not None:
+            right.plot(m.dqn.steps, m.dqn.episode_reward, label=f"{tag}training: reward per tick (explores)", alpha=0.7)
+            right.plot(m.dqn.eval_steps, m.dqn.eval_score, "o-", label=f"{tag}validation: greedy throughput / optimum")
     left.set_xlabel("DAgger round")
     left.set_ylabel("fraction")
     left.set_title("imitation of the oracle")
-    left.legend(loc="lower right")
-    if history is not None:
-        right.plot(history.steps, history.episode_reward, label="training: reward per tick (explores)", alpha=0.7)
-        right.plot(history.eval_steps, history.eval_score, "o-", label="validation: greedy throughput / optimum")
-        right.legend(loc="lower right")
+    left.legend(loc="lower right", fontsize="small")
+    if any(m.dqn is not None for m in members):
+        right.legend(loc="lower right", fontsize="small")
     right.set_xlabel("DQN vector steps (x envs transitions)")
     right.set_title("DQN fine-tuning")
     for ax in (left, right):
@@ -167,21 +217,24 @@ def run(args: argparse.Namespace) -> int:
                + (f" --teacher {args.teacher}" if args.teacher != defaults.teacher_objective else "")
                + (f" --validation {args.validation}" if args.validation != defaults.validation_pipelines else "")
                + (f" --remote-share {args.remote_share}" if args.remote_share != defaults.imitation_remote_share else "")
+               + (f" --members {args.members}" if args.members != defaults.ensemble_members else "")
                + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, teacher_objective=args.teacher,
                          validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
-                         extra={"command": command})
+                         ensemble_members=args.members, extra={"command": command})
     started = time.time()
-    path, imitation, history = pretrain(config, args.out)
+    path, members = pretrain(config, args.out, jobs=args.jobs)
     seconds = time.time() - started
-    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB) in {seconds:.0f}s; validation after imitation "
-          f"{max(imitation.eval_score):.3f} (round {imitation.best_round})" + (f", DQN network of step {history.best_step}" if history else ""))
+    for m in members:
+        print(f"seed {m.seed}: validation after imitation {max(m.imitation.eval_score):.3f} (round {m.imitation.best_round})"
+              + (f", DQN network of step {m.dqn.best_step}" if m.dqn else ""))
+    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB) in {seconds:.0f}s")
     if args.log_json:
         Path(args.log_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.log_json).write_text(json.dumps({"command": command, "seconds": seconds, "imitation": vars(imitation),
-                                                   "dqn": vars(history) if history else None}) + "\n")
+        logs = [{"seed": m.seed, "imitation": vars(m.imitation), "dqn": vars(m.dqn) if m.dqn else None} for m in members]
+        Path(args.log_json).write_text(json.dumps({"command": command, "seconds": seconds, "members": logs}) + "\n")
     if args.curve:
-        print(f"wrote {plot_curve(imitation, history, args.curve)}")
+        print(f"wrote {plot_curve(members, args.curve)}")
     return 0
