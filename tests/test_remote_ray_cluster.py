@@ -55,6 +55,14 @@ def _wait_for(condition, what: str, timeout_s: float = HANG_S) -> None:
         time.sleep(0.05)
 
 
+def _pull_until(batches, started, timeout_s: float = HANG_S) -> None:
+    """Take batches until ``started()`` holds (the remote workers run), within a hang bound."""
+    deadline = time.monotonic() + timeout_s
+    while not started():
+        next(batches)
+        assert time.monotonic() < deadline, f"the remote workers never started within {timeout_s} s"
+
+
 def _cluster_is_idle() -> bool:
     """Every CPU and every byte of the object stores is free again."""
     free, total = ray.available_resources(), ray.cluster_resources()
@@ -171,11 +179,8 @@ def test_close_leaves_no_actor_and_no_object_in_the_cluster(cluster):
     pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
         slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
     ).batch(100)
-    batches = iter(pipe)
-    deadline = time.monotonic() + HANG_S
-    while pipe.stage("udf").remote_cpus_held() < 2 or pipe.metrics().stages["udf"].remote_items < 2:
-        next(batches)
-        assert time.monotonic() < deadline, "the remote workers never started"
+    _pull_until(iter(pipe), lambda: pipe.stage("udf").remote_cpus_held() >= 2
+                and pipe.metrics().stages["udf"].remote_items >= 2)
     assert not _cluster_is_idle()  # actors hold CPUs, chunks are in flight
     pipe.close()
     _wait_for(_cluster_is_idle, "every CPU and object store byte back after close()")
@@ -201,11 +206,7 @@ def test_a_dropped_pipeline_and_an_exiting_process_leave_no_actor(cluster):
         pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
             slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
         ).batch(100)
-        batches = iter(pipe)
-        deadline = time.monotonic() + HANG_S
-        while pipe.stage("udf").remote_cpus_held() < 2:
-            next(batches)
-            assert time.monotonic() < deadline, "the remote workers never started"
+        _pull_until(iter(pipe), lambda: pipe.stage("udf").remote_cpus_held() >= 2)
 
     hold_two_actors()  # the pipeline and its iterator are dropped, never closed
     gc.collect()

@@ -133,22 +133,23 @@ def pretrain(config: AgentConfig, out: str | Path, log=print, jobs: int = 1) -> 
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(min(jobs, len(configs))) as pool:
-            made = list(pool.map(_quiet_member, configs))
+            made = list(pool.map(_member_in_process, configs))
     else:
         made = []
         for c in configs:
             if len(configs) > 1:
                 log(f"member seed {c.seed} of {len(configs)} members")
             made.append(pretrain_network(c, log))
-    members = [(q, MemberLog(c.seed, imitation, history)) for c, (q, imitation, history) in zip(configs, made, strict=True)]
-    if len(members) == 1:
-        return save_weights(out, members[0][0], config), [members[0][1]]
-    ensemble = EnsembleQNetwork([q for q, _ in members])
-    log(f"ensemble of {len(members)}: validation {make_evaluator(config)(ensemble):.3f} on seed {config.seed}'s pipelines")
-    return save_weights(out, ensemble, config), [m for _, m in members]
+    networks = [q for q, _, _ in made]
+    logs = [MemberLog(c.seed, imitation, history) for c, (_, imitation, history) in zip(configs, made, strict=True)]
+    if len(networks) == 1:
+        return save_weights(out, networks[0], config), logs
+    ensemble = EnsembleQNetwork(networks)
+    log(f"ensemble of {len(networks)}: validation {make_evaluator(config)(ensemble):.3f} on seed {config.seed}'s pipelines")
+    return save_weights(out, ensemble, config), logs
 
 
-def _quiet_member(config: AgentConfig) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
+def _member_in_process(config: AgentConfig) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
     """``pretrain_network`` in a worker process, logging each line with its member's seed."""
     return pretrain_network(config, lambda line: print(f"[seed {config.seed}] {line}", flush=True))
 
@@ -212,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
     deltas = tuple(int(d) for d in str(args.deltas).split(","))
     if 0 not in deltas:
         raise SystemExit(f"--deltas must include 0 (hold), got {args.deltas}")
+    if args.members < 1 or args.jobs < 1:
+        raise SystemExit(f"--members and --jobs must be at least 1, got {args.members} and {args.jobs}")
     command = (f"intune pretrain --rounds {args.rounds} --episodes {args.episodes} --steps {args.steps} --seed {args.seed} "
                f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "")
                + (f" --teacher {args.teacher}" if args.teacher != defaults.teacher_objective else "")
