@@ -71,7 +71,9 @@ class NumpyQ:
     Why: the live tuner decides on a background thread while the pipeline saturates the CPUs. There,
     torch's linear layers hand the tiny matrix products to the OpenMP pool of the whole process, and the
     calling thread spins at the pool's barrier until a busy CPU runs the other worker: 1 ms of CPU per
-    layer instead of microseconds. numpy does these products on the calling thread. Call ``refresh``
+    layer instead of microseconds. numpy does these products on the calling thread while each stays
+    under OpenBLAS's threading threshold (M x N x K <= 262,144: up to 16 knobs at ``hidden`` 128, with
+    the mix layer split; wider networks wake its threads). Call ``refresh``
     after every gradient step so the snapshot stays the network's. An ensemble's members are stacked,
     so its forward pass takes as many numpy calls as one network's.
     """
@@ -87,7 +89,11 @@ class NumpyQ:
             return (np.stack([layer.weight.detach().numpy().T for layer in layers]),
                     np.stack([layer.bias.detach().numpy()[None, :] for layer in layers]))
 
-        self._embed, self._mix, self._head, self._value = (take(name) for name in ("embed", "mix", "head", "value"))
+        self._embed, mix, self._head, self._value = (take(name) for name in ("embed", "mix", "head", "value"))
+        hidden = mix[0].shape[-1]
+        # the mix layer reads [knob, pooled]: split, so the K-row product is K x H x H and the pooled row
+        # is multiplied once (a K x 2H x H product past OpenBLAS's threshold wakes its threads to spin)
+        self._mix_knob, self._mix_pooled, self._mix_bias = mix[0][:, :hidden], mix[0][:, hidden:], mix[1]
 
     def __call__(self, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """``rows [..., K, F]`` float32, ``valid [..., K]`` -> Q-values ``[..., K, A]`` (as the network)."""
@@ -100,8 +106,7 @@ class NumpyQ:
         count = np.maximum(weights.sum(-2, keepdims=True), 1.0)
         h = np.maximum(layer(rows, self._embed), 0.0)  # [M, ..., K, H]
         pooled = (h * weights).sum(-2, keepdims=True) / count
-        both = np.concatenate([h, np.broadcast_to(pooled, h.shape)], axis=-1)
-        h = np.maximum(layer(both, self._mix), 0.0)
+        h = np.maximum(h @ self._mix_knob[lead] + pooled @ self._mix_pooled[lead] + self._mix_bias[lead], 0.0)
         advantage = layer(h, self._head)  # [M, ..., K, A]
         value = layer((h * weights).sum(-2, keepdims=True) / count, self._value)  # [M, ..., 1, 1]
         return ((value + advantage - advantage.mean(-1, keepdims=True)) * weights).mean(0)
