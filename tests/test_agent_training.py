@@ -1,6 +1,7 @@
 """A short seeded training run on a tiny simulated pipeline must beat the allocation it starts from."""
 
 import numpy as np
+import pytest
 import torch
 
 from intune.agent.config import AgentConfig
@@ -82,3 +83,22 @@ def test_imitation_draws_remote_pools_on_a_heavy_map_stage_with_a_demand_past_th
             alone = local_best_rows(workload_variant(sim.spec, cpus=int(sim.schedule.levels[0])))
             assert 1.2 * 0.999 <= demand / alone <= 4.0 * 1.001
     assert pooled >= 10
+
+
+def test_validation_scores_a_network_as_the_agent_benchmark_scores_a_held_out_spec():
+    """The best-validated round is the one kept, so a validation episode is the benchmark's held-out kind:
+    a random spec on the paper's resize schedule with 60-tick phases, scored by the same ratio."""
+    from dataclasses import replace
+
+    from intune.agent.policy import load_weights
+    from intune.agent.pretrain import make_evaluator, validation_sims
+    from intune.bench.agent import run_schedule_episode
+    from intune.sim import paper_schedule
+
+    q, config = load_weights()
+    config = replace(config, validation_pipelines=1)
+    (sim,) = validation_sims(config)
+    assert list(sim.schedule.phases()) == list(paper_schedule(period_ticks=60).phases())
+    row, error = run_schedule_episode((sim.spec, "held-out", None, "intune", {}, 60, 0))
+    assert error is None
+    assert make_evaluator(config)(q) == pytest.approx(row["optimum_ratio"], rel=1e-9)

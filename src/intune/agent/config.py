@@ -82,9 +82,11 @@ class AgentConfig:
     optimum, which may need memory the mask refuses: a label toward it teaches only the parts the mask
     allows, which may lead away from it)."""
 
-    validation_pipelines: int = 8
-    """Pipelines the greedy network is scored on after each DAgger round and DQN evaluation (drawn from
-    ``seed`` + 1,000,003, never trained on); the best-scored network is kept."""
+    validation_pipelines: int = 40
+    """Episodes the greedy network is scored on after each DAgger round and DQN evaluation: the agent
+    benchmark's kind (random specs on the paper's resize schedule, 60-tick phases) drawn from ``seed`` +
+    1,000,003, never trained on; the best-scored network is kept. Fewer rank the rounds less reliably
+    (docs/agent.md)."""
 
     imitation_rounds: int = 10
     """DAgger rounds before the DQN steps: round 0 follows the teacher, later rounds the learner."""
