@@ -81,7 +81,7 @@ class DaggerPolicy:
         request = self.student.step(observation)
         safety, values, mask = self.student.safety, [k.value for k in self.student.safety.knobs], self.student.last_mask
         target = self._target(observation)
-        label = teacher_choice(safety, observation, values, target, mask)
+        label = teacher_choice(safety, observation, values, target, mask, self.sim.true_throughput)
         config = self.student.config
         weight = label_weights(self.sim.true_throughput, target, [k.name for k in safety.knobs], values,
                                config.imitation_full_weight_loss, config.imitation_min_weight)

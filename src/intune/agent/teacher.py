@@ -10,7 +10,7 @@ labels must not weigh as much as the move of a bottleneck. It must not be used t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -19,17 +19,37 @@ from intune.policies.safety import SafetyLayer
 
 
 def teacher_choice(safety: SafetyLayer, obs: Observation, values: list[int], target: dict[str, int],
-                   mask: np.ndarray) -> np.ndarray:
+                   mask: np.ndarray, throughput_of: Callable[[dict[str, int]], float] | None = None) -> np.ndarray:
     """Per knob, the allowed action whose move lands closest to ``target`` (on ties, the smaller move),
-    resolved jointly under the CPU and memory limits by ``SafetyLayer.select``."""
+    resolved jointly under the CPU and memory limits by ``SafetyLayer.select``.
+
+    With ``throughput_of`` (the true model), each knob's step toward the target also scores the share of
+    throughput it gains now, alone: where the limits admit only some of the steps, those that lift the
+    pipeline now go first (the bottleneck's, not whichever knob comes first)."""
     now = np.asarray(values, dtype=np.float64)
     goal = np.array([target.get(k.name, v) for k, v in zip(safety.knobs, values, strict=True)], dtype=np.float64)
     landed = now[:, None] + safety.deltas[None, :] * safety.units(obs)[:, None]
     scale = np.maximum(safety.units(obs), 1)[:, None]
     scores = -np.abs(landed - goal[:, None]) / scale - 1e-3 * np.abs(safety.deltas)[None, :]
+    if throughput_of is not None:
+        scores = scores + _gain_now(safety, values, landed, np.where(mask, scores, -np.inf).argmax(1), throughput_of)
     choice = safety.select(scores, mask, obs, values)
     # over-allocated with no decrease allowed, the joint programme has no feasible answer: hold
     return np.where(mask[np.arange(len(choice)), choice], choice, safety.zero)
+
+
+def _gain_now(safety: SafetyLayer, values: Sequence[int], landed: np.ndarray, best: np.ndarray,
+              throughput_of: Callable[[dict[str, int]], float]) -> np.ndarray:
+    """``[knobs, actions]``: each knob's preferred action scores the relative throughput it gains alone."""
+    names = [k.name for k in safety.knobs]
+    current = dict(zip(names, (int(v) for v in values), strict=True))
+    base = throughput_of(current)
+    bonus = np.zeros(landed.shape)
+    for k, (name, action) in enumerate(zip(names, best, strict=True)):
+        if action != safety.zero and base > 0:
+            moved = throughput_of({**current, name: int(landed[k, action])})
+            bonus[k, action] = max(0.0, moved / base - 1.0)
+    return bonus
 
 
 def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str], values: Sequence[int],
