@@ -6,9 +6,9 @@ consumers; half of them on the paper's kind of resize schedule), first imitates 
 ``--steps``; 0 skips it: the imitation-only ablation). The greedy agent is scored on validation
 episodes (the agent benchmark's kind) drawn from a different seed after every round and every
 ``eval_every`` DQN steps; the network written is the best-validated one of the DQN's second half, or
-the imitation's if no DQN network validates better. Writes the weights and the learning curve (JSON and, with ``--curve``, a
-PNG). The shipped weights were made by the command in ``weights/README.md``. It must not hold the
-algorithm itself.
+the imitation's if no DQN network validates better. Writes the weights and the learning curve (JSON
+and, with ``--curve``, a PNG). The shipped weights were made by the command in ``weights/README.md``.
+It must not hold the algorithm itself.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from intune.agent.imitation import ImitationLog, imitate
 from intune.agent.network import BranchingQNetwork, EnsembleQNetwork
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
 from intune.results import save_figure
+from intune.sim.schedule import PAPER_LEVELS
 
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
 VALIDATION_PERIOD = 60  # ticks per phase of the validation episodes' resize schedule (the agent benchmark's)
-VALIDATION_TICKS = 5 * VALIDATION_PERIOD  # the paper's schedule has five phases
+VALIDATION_TICKS = len(PAPER_LEVELS) * VALIDATION_PERIOD  # one pass of the paper's schedule
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

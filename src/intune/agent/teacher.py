@@ -43,12 +43,13 @@ def _gain_now(safety: SafetyLayer, values: Sequence[int], landed: np.ndarray, be
     """``[knobs, actions]``: each knob's preferred action scores the relative throughput it gains alone."""
     names = [k.name for k in safety.knobs]
     current = dict(zip(names, (int(v) for v in values), strict=True))
-    base = throughput_of(current)
     bonus = np.zeros(landed.shape)
+    base = throughput_of(current)
+    if base <= 0:
+        return bonus
     for k, (name, action) in enumerate(zip(names, best, strict=True)):
-        if action != safety.zero and base > 0:
-            moved = throughput_of({**current, name: int(landed[k, action])})
-            bonus[k, action] = max(0.0, moved / base - 1.0)
+        if action != safety.zero:
+            bonus[k, action] = max(0.0, throughput_of({**current, name: int(landed[k, action])}) / base - 1.0)
     return bonus
 
 
