@@ -235,3 +235,27 @@ def test_big_buffers_set_before_the_start_never_oom_in_the_simulator():
         ooms += obs.oom
     assert ooms == 0
     assert sim.knobs["prefetch.buffer_mb"].value * (1 << 20) < 0.85 * sim.memory_limit_bytes - 16 * (1 << 30)
+
+
+def test_keep_best_keeps_the_member_that_scores_best_on_the_seeds_validation_episodes(tmp_path):
+    from intune.agent.config import AgentConfig
+    from intune.agent.network import BranchingQNetwork
+    from intune.agent.pretrain import make_evaluator, pretrain, pretrain_network
+
+    tiny = dict(imitation_rounds=1, imitation_episodes=1, imitation_ticks=15, total_steps=0, validation_pipelines=2,
+                hidden=16)
+    config = AgentConfig(seed=5, ensemble_members=3, **tiny)
+    path, logs = pretrain(config, tmp_path / "best.pt", log=lambda _: None, keep="best")
+    evaluate = make_evaluator(config)
+    members = [pretrain_network(AgentConfig(seed=s, **tiny), lambda _: None, validation_seed=5)[0] for s in (5, 6, 7)]
+    scores = [evaluate(m) for m in members]
+    # every member picked its round on seed 5's episodes, the set the members are ranked on
+    assert [m.imitation.eval_score[0] for m in logs] == pytest.approx(scores)
+    q, saved = load_weights(path)
+    best = int(np.argmax(scores))
+    assert isinstance(q, BranchingQNetwork) and saved.ensemble_members == 1 and saved.seed == 5 + best
+    for a, b in zip(q.parameters(), members[best].parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert saved.extra["kept"].startswith(f"member seed {5 + best} of 5..7")
+    with pytest.raises(ValueError, match="keep"):
+        pretrain(config, tmp_path / "no.pt", log=lambda _: None, keep="vote")

@@ -6,8 +6,9 @@ consumers; half of them on the paper's kind of resize schedule), first imitates 
 ``--steps``; 0 skips it: the imitation-only ablation). The greedy agent is scored on validation
 episodes (the agent benchmark's kind) drawn from a different seed after every round and every
 ``eval_every`` DQN steps; the network written is the best-validated one of the DQN's second half, or
-the imitation's if no DQN network validates better. Writes the weights and the learning curve (JSON
-and, with ``--curve``, a PNG). The shipped weights were made by the command in ``weights/README.md``.
+the imitation's if no DQN network validates better. ``--members M`` pretrains M networks from seeds
+``--seed`` on and keeps them as an ensemble or, with ``--keep best``, the best-validated one. Writes
+the weights and the learning curve (JSON and, with ``--curve``, a PNG). The shipped weights were made by the command in ``weights/README.md``.
 It must not hold the algorithm itself.
 """
 
@@ -36,6 +37,7 @@ from intune.sim.schedule import PAPER_LEVELS
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
 VALIDATION_PERIOD = 60  # ticks per phase of the validation episodes' resize schedule (the agent benchmark's)
 VALIDATION_TICKS = len(PAPER_LEVELS) * VALIDATION_PERIOD  # one pass of the paper's schedule
+KEEP_RULES = ("ensemble", "best")  # what pretrain keeps of several members
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote-share", type=float, default=defaults.imitation_remote_share,
                         help="share of the imitation's pipelines with a remote pool")
     parser.add_argument("--members", type=int, default=defaults.ensemble_members,
-                        help="networks pretrained from seeds SEED.. SEED+M-1 that decide together (an ensemble)")
+                        help="networks pretrained from seeds SEED.. SEED+M-1 (see --keep)")
+    parser.add_argument("--keep", choices=KEEP_RULES, default="ensemble",
+                        help="with --members > 1: all members deciding together (ensemble), or the one that "
+                             "scores best on SEED's validation episodes, which every member validates on (best)")
     parser.add_argument("--jobs", type=int, default=1, help="member networks pretrained at a time, in processes")
     parser.add_argument("--validation", type=int, default=defaults.validation_pipelines,
                         help="validation pipelines that pick the best round")
@@ -63,17 +68,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-json", default=None, help="write the learning curve as JSON here")
 
 
-def validation_sims(config: AgentConfig, n: int | None = None):
+def validation_sims(config: AgentConfig, n: int | None = None, seed: int | None = None):
     """The agent benchmark's kind of held-out episode on random specs from a seed training never draws
     (``random_workload`` on the paper's resize schedule, 32 -> 64 -> 128 -> 64 -> 32 CPUs, 60 ticks
-    each), plus as many with a remote pool as the imitation's remote share asks.
+    each), plus as many with a remote pool as the imitation's remote share asks. ``seed`` (default
+    ``config.seed``) picks the set.
 
     Why this kind: the network kept is the best-validated one, and DAgger rounds of one run differ by
     up to 0.2 of the optimum on held-out specs, so validation must rank networks as the benchmark does.
     """
     from intune.sim import Simulator, paper_schedule, random_workload
 
-    rng = np.random.default_rng(config.seed + VALIDATION_SEED_OFFSET)
+    rng = np.random.default_rng((config.seed if seed is None else seed) + VALIDATION_SEED_OFFSET)
     n = config.validation_pipelines if n is None else n
     sims = [Simulator(random_workload(rng, name=f"validation-{i}"), cpus=paper_schedule(period_ticks=VALIDATION_PERIOD), seed=i)
             for i in range(n)]
@@ -82,9 +88,10 @@ def validation_sims(config: AgentConfig, n: int | None = None):
     return sims
 
 
-def make_evaluator(config: AgentConfig):
-    """Greedy score (mean throughput / optimum) of a network on the fixed validation pipelines."""
-    sims = validation_sims(config)
+def make_evaluator(config: AgentConfig, seed: int | None = None):
+    """Greedy score (mean throughput / optimum) of a network on the fixed validation episodes of
+    ``seed`` (default ``config.seed``)."""
+    sims = validation_sims(config, seed=seed)
 
     def evaluate(q) -> float:
         scores = []
@@ -124,44 +131,70 @@ class MemberLog:
     dqn: TrainingLog | None
 
 
-def pretrain(config: AgentConfig, out: str | Path, log=print, jobs: int = 1) -> tuple[Path, list[MemberLog]]:
+def pretrain(config: AgentConfig, out: str | Path, log=print, jobs: int = 1,
+             keep: str = "ensemble") -> tuple[Path, list[MemberLog]]:
     """Train from scratch with ``config`` and write the weights to ``out``: one network, or with
-    ``ensemble_members`` M the ensemble of M networks pretrained alike from seeds ``seed`` to
-    ``seed + M - 1`` (member ``i`` is what ``--seed seed+i`` alone would make), ``jobs`` at a time in
-    processes of their own."""
+    ``ensemble_members`` M, M networks pretrained alike from seeds ``seed`` to ``seed + M - 1``,
+    ``jobs`` at a time in processes of their own, and then by ``keep``:
+
+    - ``ensemble``: all M deciding together; member ``i`` is what ``--seed seed+i`` alone would make.
+    - ``best``: the one member that scores best on ``seed``'s validation episodes. Every member picks
+      its round on that same set, so one validation set decides everything: a seed's own set would
+      rank its members on episodes the others never saw.
+
+    Why several seeds: networks pretrained alike from different seeds differ on held-out specs by more
+    than most changes to training move them (docs/agent.md).
+    """
+    if keep not in KEEP_RULES:
+        raise ValueError(f"keep must be one of {KEEP_RULES}, got {keep!r}")
     configs = [replace(config, seed=config.seed + i, ensemble_members=1) for i in range(config.ensemble_members)]
+    validation_seed = config.seed if keep == "best" else None
     if jobs > 1 and len(configs) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(min(jobs, len(configs))) as pool:
-            made = list(pool.map(_member_in_process, configs))
+            made = list(pool.map(_member_in_process, configs, [validation_seed] * len(configs)))
     else:
         made = []
         for c in configs:
             if len(configs) > 1:
                 log(f"member seed {c.seed} of {len(configs)} members")
-            made.append(pretrain_network(c, log))
+            made.append(pretrain_network(c, log, validation_seed))
     networks = [q for q, _, _ in made]
     logs = [MemberLog(c.seed, imitation, history) for c, (_, imitation, history) in zip(configs, made, strict=True)]
     if len(networks) == 1:
         return save_weights(out, networks[0], config), logs
+    evaluate = make_evaluator(config)
+    if keep == "best":
+        scores = [evaluate(q) for q in networks]
+        for c, score in zip(configs, scores, strict=True):
+            log(f"member seed {c.seed}: validation {score:.3f} on seed {config.seed}'s episodes")
+        best = int(np.argmax(scores))
+        kept = replace(configs[best], extra={**config.extra, "kept": f"member seed {configs[best].seed} of "
+                                             f"{config.seed}..{configs[-1].seed}, validation {scores[best]:.3f} "
+                                             f"on seed {config.seed}'s episodes (members: "
+                                             + ", ".join(f"{s:.3f}" for s in scores) + ")"})
+        log(f"kept {kept.extra['kept']}")
+        return save_weights(out, networks[best], kept), logs
     ensemble = EnsembleQNetwork(networks)
-    log(f"ensemble of {len(networks)}: validation {make_evaluator(config)(ensemble):.3f} on seed {config.seed}'s pipelines")
+    log(f"ensemble of {len(networks)}: validation {evaluate(ensemble):.3f} on seed {config.seed}'s pipelines")
     return save_weights(out, ensemble, config), logs
 
 
-def _member_in_process(config: AgentConfig) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
+def _member_in_process(config: AgentConfig, validation_seed: int | None) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
     """``pretrain_network`` in a worker process, logging each line with its member's seed."""
-    return pretrain_network(config, lambda line: print(f"[seed {config.seed}] {line}", flush=True))
+    return pretrain_network(config, lambda line: print(f"[seed {config.seed}] {line}", flush=True), validation_seed)
 
 
-def pretrain_network(config: AgentConfig, log=print) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
+def pretrain_network(config: AgentConfig, log=print, validation_seed: int | None = None
+                     ) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
     """One network from scratch: imitation, then DQN, keeping the DQN's network only if it validates
-    better than the imitation's. Seeded by ``config.seed`` alone (the initial weights too), so the
-    network does not depend on what ran before it in the process."""
+    better than the imitation's, on ``validation_seed``'s episodes (default: ``config.seed``'s). Seeded
+    by ``config.seed`` alone (the initial weights too), so the network does not depend on what ran
+    before it in the process."""
     torch.set_num_threads(1)
     torch.manual_seed(config.seed)
-    evaluate = make_evaluator(config)
+    evaluate = make_evaluator(config, seed=validation_seed)
     q, imitation = imitate(config, lambda rng: imitation_sim(rng, config), new_network(config), evaluate, log=log)
     history = None
     if config.total_steps > 0:
@@ -222,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
                + (f" --validation {args.validation}" if args.validation != defaults.validation_pipelines else "")
                + (f" --remote-share {args.remote_share}" if args.remote_share != defaults.imitation_remote_share else "")
                + (f" --members {args.members}" if args.members != defaults.ensemble_members else "")
+               + (f" --keep {args.keep}" if args.members > 1 and args.keep != "ensemble" else "")
                + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
@@ -229,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
                          validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
                          ensemble_members=args.members, extra={"command": command})
     started = time.time()
-    path, members = pretrain(config, args.out, jobs=args.jobs)
+    path, members = pretrain(config, args.out, jobs=args.jobs, keep=args.keep)
     seconds = time.time() - started
     for m in members:
         print(f"seed {m.seed}: validation after imitation {max(m.imitation.eval_score):.3f} (round {m.imitation.best_round})"
