@@ -8,8 +8,8 @@ episodes (the agent benchmark's kind) drawn from a different seed after every ro
 ``eval_every`` DQN steps; the network written is the best-validated one of the DQN's second half, or
 the imitation's if no DQN network validates better. ``--members M`` pretrains M networks from seeds
 ``--seed`` on and keeps them as an ensemble or, with ``--keep best``, the best-validated one. Writes
-the weights and the learning curve (JSON and, with ``--curve``, a PNG). The shipped weights were made by the command in ``weights/README.md``.
-It must not hold the algorithm itself.
+the weights and the learning curve (JSON and, with ``--curve``, a PNG). The shipped weights were made
+by the command in ``weights/README.md``. It must not hold the algorithm itself.
 """
 
 from __future__ import annotations
@@ -170,18 +170,18 @@ def pretrain(config: AgentConfig, out: str | Path, log=print, jobs: int = 1,
         for c, score in zip(configs, scores, strict=True):
             log(f"member seed {c.seed}: validation {score:.3f} on seed {config.seed}'s episodes")
         best = int(np.argmax(scores))
-        kept = replace(configs[best], extra={**config.extra, "kept": f"member seed {configs[best].seed} of "
-                                             f"{config.seed}..{configs[-1].seed}, validation {scores[best]:.3f} "
-                                             f"on seed {config.seed}'s episodes (members: "
-                                             + ", ".join(f"{s:.3f}" for s in scores) + ")"})
-        log(f"kept {kept.extra['kept']}")
-        return save_weights(out, networks[best], kept), logs
+        members = ", ".join(f"{score:.3f}" for score in scores)
+        note = (f"member seed {configs[best].seed} of {config.seed}..{configs[-1].seed}, validation "
+                f"{scores[best]:.3f} on seed {config.seed}'s episodes (members: {members})")
+        log(f"kept {note}")
+        return save_weights(out, networks[best], replace(configs[best], extra={**config.extra, "kept": note})), logs
     ensemble = EnsembleQNetwork(networks)
     log(f"ensemble of {len(networks)}: validation {evaluate(ensemble):.3f} on seed {config.seed}'s pipelines")
     return save_weights(out, ensemble, config), logs
 
 
-def _member_in_process(config: AgentConfig, validation_seed: int | None) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
+def _member_in_process(config: AgentConfig, validation_seed: int | None
+                       ) -> tuple[BranchingQNetwork, ImitationLog, TrainingLog | None]:
     """``pretrain_network`` in a worker process, logging each line with its member's seed."""
     return pretrain_network(config, lambda line: print(f"[seed {config.seed}] {line}", flush=True), validation_seed)
 
