@@ -259,3 +259,87 @@ def test_keep_best_keeps_the_member_that_scores_best_on_the_seeds_validation_epi
     assert saved.extra["kept"].startswith(f"member seed {5 + best} of 5..7")
     with pytest.raises(ValueError, match="keep"):
         pretrain(config, tmp_path / "no.pt", log=lambda _: None, keep="vote")
+
+
+# -- the decision rule ---------------------------------------------------------------------------------
+SPLIT_HEAD = [1.34, -1.1, -3.73, -1.12, 0.2]  # Q of (-5, -1, 0, +1, +5): the ladder-5 trace's split head
+
+
+def test_the_mean_decision_takes_the_allowed_move_nearest_the_softmax_expectation():
+    from intune.agent.decision import decision_scores, expected_moves
+
+    deltas = np.array([-5, -1, 0, 1, 5])
+    q = np.array([SPLIT_HEAD, [0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 8.0, 9.0]])
+    allowed = np.ones((3, 5), dtype=bool)
+    # by hand: e^q = 3.819, 0.3329, 0.02399, 0.3263, 1.2214 (sum 5.7236); (-5 * 3.819 - 0.3329 + 0.3263
+    # + 5 * 1.2214) / 5.7236 = -2.270; (-5 - 1 + e^8 + 5 e^9) / (3 + e^8 + e^9) = 3.923
+    np.testing.assert_allclose(expected_moves(q, allowed, deltas), [-2.2704, 0.0, 3.9226], atol=1e-3)
+    assert decision_scores(q, allowed, deltas, "mean").argmax(axis=1).tolist() == [1, 2, 4]  # -1, hold, +5
+    assert decision_scores(q, allowed, deltas, "argmax").argmax(axis=1).tolist() == [0, 0, 4]
+    # a disallowed move weighs nothing: without -1 the expectation is -12.662 / 5.3907 = -2.349, nearer hold
+    without = allowed.copy()
+    without[0, 1] = False
+    np.testing.assert_allclose(expected_moves(q[:1], without[:1], deltas), [-2.3488], atol=1e-3)
+    scores = np.where(without, decision_scores(q, without, deltas, "mean"), -np.inf)
+    assert scores.argmax(axis=1)[0] == 2
+    with pytest.raises(ValueError, match="vote"):
+        decision_scores(q, allowed, deltas, "vote")
+
+
+class SplitHead(torch.nn.Module):
+    """Every knob's Q-values are ``SPLIT_HEAD``: the argmax cuts by 5, the expected move is -2.27."""
+
+    def forward(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(SPLIT_HEAD).repeat(rows.shape[0], 1)
+
+
+@pytest.mark.parametrize(("decision", "move"), [("argmax", -5), ("mean", -1)])
+def test_the_policy_acts_by_its_configs_decision_rule(decision, move):
+    from intune.agent.config import AgentConfig
+
+    sim = Simulator(load_workload("criteo", memory_limit_gb=380), cpus=64, seed=0)
+    policy = IntunePolicy(network=SplitHead(), config=AgentConfig(decision=decision), online=False)
+    obs = sim.reset()
+    policy.reset(sim.knobs, obs)
+    for name, value in policy.step(obs).items():  # the even split
+        sim.knobs[name].set(value)
+    obs = sim.step()
+    before = {name: knob.value for name, knob in sim.knobs.items()}
+    request = policy.step(obs)
+    workers = [name for name in before if name.endswith(".workers") and before[name] > 6]
+    assert workers
+    assert {name: request[name] - before[name] for name in workers} == dict.fromkeys(workers, move)
+
+
+def test_validation_scores_a_network_under_the_decision_rule_it_will_act_by():
+    from intune.agent.config import AgentConfig
+    from intune.agent.evaluate import score_episode
+    from intune.agent.pretrain import VALIDATION_TICKS, make_evaluator, validation_sims
+
+    scores = {}
+    for decision in ("argmax", "mean"):
+        config = AgentConfig(decision=decision, validation_pipelines=2)
+        scores[decision] = make_evaluator(config)(SplitHead())
+        policy = IntunePolicy(network=SplitHead(), config=config, online=False)
+        by_hand = [score_episode(sim, policy, VALIDATION_TICKS, seed=i).ratio for i, sim in enumerate(validation_sims(config))]
+        assert scores[decision] == pytest.approx(float(np.mean(by_hand)))
+    assert scores["argmax"] != pytest.approx(scores["mean"])
+
+
+def test_the_weights_file_carries_the_decision_rule_and_a_wrong_one_names_the_file(tmp_path):
+    from intune.agent.config import AgentConfig
+    from intune.agent.dqn import new_network
+    from intune.agent.policy import save_weights
+
+    config = AgentConfig(hidden=8, decision="mean")
+    path = save_weights(tmp_path / "mean.pt", new_network(config), config)
+    assert load_weights(path)[1].decision == "mean"
+    assert IntunePolicy(weights=path).config.decision == "mean"
+    payload = torch.load(path, weights_only=True)
+    payload["config"]["decision"] = "vote"
+    torch.save(payload, tmp_path / "vote.pt")
+    with pytest.raises(ValueError, match=r"vote\.pt.*decision"):
+        load_weights(tmp_path / "vote.pt")
+    del payload["config"]["decision"]  # weights written before the rule existed act by the argmax
+    torch.save(payload, tmp_path / "old.pt")
+    assert load_weights(tmp_path / "old.pt")[1].decision == "argmax"

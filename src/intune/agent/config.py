@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from intune.agent.decision import DECISIONS
 from intune.monitor.observation import MEMORY_SAFE_FRACTION
 
 
@@ -162,19 +163,22 @@ class AgentConfig:
     online_buffer_size: int = 2048
     """Transitions kept for online fine-tuning."""
 
-
-
     trim_margin: float = 0.65
     """Share of the memory limit that the buffers, if full, plus what is used outside them may take
     before the policy cuts buffers in one tick (``SafetyLayer.trim``); below ``memory_margin`` because
     that projection misses memory that only comes once data flows."""
 
-
-
-
+    decision: str = "argmax"
+    """How the Q-values become a move per knob (``intune.agent.decision``): ``argmax``, or ``mean``
+    (the allowed move nearest the expected move under softmax(Q)). Pretraining picks its network while
+    acting by this rule, and the network file carries it, so it always acts as it was chosen."""
 
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with the weights (e.g. the command that produced them)."""
+
+    def __post_init__(self) -> None:
+        if self.decision not in DECISIONS:
+            raise ValueError(f"AgentConfig.decision must be one of {DECISIONS}, got {self.decision!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so the config can be stored beside weights and loaded without pickle."""

@@ -3,8 +3,9 @@
 The decisions are the network's, under a mask of hard limits and nothing else (``SafetyLayer``): knob
 bounds, the CPU budget the runner grants, the projected memory and its margin, and the user's shuffle
 window as a floor while memory allows. It starts from the even split (the paper's choice) or from
-Plumber's estimate (``warm_start="plumber"``), then every tick each knob takes one of the deltas,
-greedily under the mask. ``observe`` (the live tuner calls it every tick with the reward) feeds a
+Plumber's estimate (``warm_start="plumber"``), then every tick each knob takes one of the deltas under
+the mask, by the network's decision rule (``intune.agent.decision``: the best-valued move, or the move
+nearest the expected one). ``observe`` (the live tuner calls it every tick with the reward) feeds a
 small replay buffer and takes a DQN step every few ticks. It returns requests; the runner applies them.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from intune.agent.config import AgentConfig
+from intune.agent.decision import decision_scores
 from intune.agent.dqn import new_network, td_loss
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
 from intune.agent.network import NumpyQ, QNetwork
@@ -160,7 +162,8 @@ class IntunePolicy:
         mask = self.last_mask = self.safety.mask(observation, values)
         q_values = self.chooser.q_values(observation)
         self._remember(mask)
-        choice = self.safety.select(q_values, mask, observation, values)
+        scores = decision_scores(q_values, mask, self.safety.deltas, self.config.decision)
+        choice = self.safety.select(scores, mask, observation, values)
         wanted, choice = self.safety.hard_limits(choice, observation, values, self.floor)
         self.chooser.builder.applied(self.safety.deltas[choice])
         actions = np.full(MAX_KNOBS, self.safety.zero, dtype=np.int64)

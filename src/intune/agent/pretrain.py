@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from intune.agent.config import AgentConfig
+from intune.agent.decision import DECISIONS
 from intune.agent.dqn import TrainingLog, new_network, train
 from intune.agent.env import SimEnv, random_sim, with_remote_pool
 from intune.agent.evaluate import score_episode
@@ -61,6 +62,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", choices=KEEP_RULES, default="ensemble",
                         help="with --members > 1: all members deciding together (ensemble), or the one that "
                              "scores best on SEED's validation episodes, which every member validates on (best)")
+    parser.add_argument("--decision", choices=DECISIONS, default=defaults.decision,
+                        help="how the network's Q-values become moves, in validation and wherever the network "
+                             "acts (AgentConfig.decision); stored with the weights")
     parser.add_argument("--jobs", type=int, default=1, help="member networks pretrained at a time, in processes")
     parser.add_argument("--validation", type=int, default=defaults.validation_pipelines,
                         help="validation pipelines that pick the best round")
@@ -256,12 +260,13 @@ def run(args: argparse.Namespace) -> int:
                + (f" --remote-share {args.remote_share}" if args.remote_share != defaults.imitation_remote_share else "")
                + (f" --members {args.members}" if args.members != defaults.ensemble_members else "")
                + (f" --keep {args.keep}" if args.members > 1 and args.keep != "ensemble" else "")
+               + (f" --decision {args.decision}" if args.decision != defaults.decision else "")
                + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, teacher_objective=args.teacher,
                          validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
-                         ensemble_members=args.members, extra={"command": command})
+                         ensemble_members=args.members, decision=args.decision, extra={"command": command})
     started = time.time()
     path, members = pretrain(config, args.out, jobs=args.jobs, keep=args.keep)
     seconds = time.time() - started
