@@ -85,6 +85,50 @@ def test_imitation_draws_remote_pools_on_a_heavy_map_stage_with_a_demand_past_th
     assert pooled >= 10
 
 
+# ids -> fetch (a map stage) -> udf -> prefetch on 2 CPUs: fetch is the stage made to wait
+FETCH = spec_from_dict({
+    "name": "fetch",
+    "stages": [{"name": "ids", "kind": "read", "cpu_us_per_row": 0.5}, {"name": "fetch", "kind": "map", "cpu_us_per_row": 2.0},
+               {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 10.0},
+               {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 0.2}],
+    "machine": {"cpus": 2, "memory_limit_gb": 64, "base_memory_gb": 1, "oversubscription_cost": 0.3},
+})
+
+
+def test_a_waiting_map_stage_waits_as_asked_and_needs_more_workers_than_cpus():
+    from intune.sim.random_specs import with_waiting_map_stage
+
+    spec = with_waiting_map_stage(FETCH, 1, wait_share=0.9, slowdown=4.0, worker_mb=8.0, min_max_workers=200)
+    fetch = spec.stages[1]
+    assert fetch.mode == "thread" and fetch.kind == "map" and fetch.max_workers == 200 and fetch.worker_mb == 8.0
+    assert fetch.io_us_per_row == pytest.approx(0.9 * 4.0 * 10.0) and fetch.cpu_us_per_row == pytest.approx(0.1 * 40.0)
+    assert spec.stages[0] == FETCH.stages[0] and spec.stages[2:] == FETCH.stages[2:]
+    assert with_waiting_map_stage(FETCH, 0, 0.9, 4.0, 8.0) is None  # the first stage is the source
+    assert with_waiting_map_stage(FETCH, 3, 0.9, 4.0, 8.0) is None  # not a map stage
+    best, _ = Simulator(spec, cpus=2, seed=0).optimum(2)
+    assert best["fetch.workers"] > 2  # waiting workers pay past the CPUs
+
+
+def test_imitation_draws_waiting_map_stages_in_the_share_asked_and_none_by_default():
+    from dataclasses import replace
+
+    from intune.agent.pretrain import imitation_sim, validation_sims
+
+    def waiting(sim) -> int:
+        return sum(s.mode == "thread" and s.kind in ("map", "udf") and s.io_us_per_row >= 0.8 * (s.io_us_per_row + s.cpu_us_per_row)
+                   and s.io_us_per_row > 0 for s in sim.spec.stages[1:])
+
+    config = AgentConfig()
+    assert sum(waiting(imitation_sim(np.random.default_rng(i), config)) for i in range(20)) == 0
+    every = replace(config, imitation_waiting_share=1.0)
+    drawn = [imitation_sim(np.random.default_rng(i), every) for i in range(20)]
+    with_maps = [s for s in drawn if any(t.kind in ("map", "udf") for t in s.spec.stages[1:])]
+    assert len(with_maps) >= 5 and all(waiting(s) >= 1 for s in with_maps)
+    assert len(validation_sims(replace(config, imitation_waiting_share=0.25, validation_pipelines=8))) == 8 + 2
+    with pytest.raises(ValueError, match="imitation_waiting_share"):
+        AgentConfig(imitation_waiting_share=1.5)
+
+
 def test_validation_scores_a_network_as_the_agent_benchmark_scores_a_held_out_spec():
     """The best-validated round is the one kept, so a validation episode is the benchmark's held-out kind:
     a random spec on the paper's resize schedule with 60-tick phases, scored by the same ratio."""
@@ -96,7 +140,7 @@ def test_validation_scores_a_network_as_the_agent_benchmark_scores_a_held_out_sp
     from intune.sim import paper_schedule
 
     q, config = load_weights()
-    config = replace(config, validation_pipelines=1, imitation_remote_share=0.0)  # the local kind only
+    config = replace(config, validation_pipelines=1, imitation_remote_share=0.0, imitation_waiting_share=0.0)  # the local kind only
     (sim,) = validation_sims(config)
     assert list(sim.schedule.phases()) == list(paper_schedule(period_ticks=60).phases())
     row, error = run_schedule_episode((sim.spec, "held-out", None, "intune", {}, 60, 0))

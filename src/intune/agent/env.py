@@ -139,6 +139,29 @@ def _with_memory_and_consumer(rng: np.random.Generator, config: AgentConfig, spe
     return dataclasses.replace(spec, machine=machine, consumer=consumer)
 
 
+def with_waiting_stage(rng: np.random.Generator, sim):
+    """``sim``'s pipeline with one of its map stages after the first made to wait on I/O, as a fresh
+    Simulator on the same CPU schedule; ``sim`` itself where it has no such stage.
+
+    The stage: thread workers, 1-8x the costliest stage's CPU per row, 80-99% of it an I/O wait
+    (``random_specs.with_waiting_map_stage``). Busy all the time on almost no CPU, it needs more
+    workers than the CPUs (the runner grants a light stage one past the budget each tick): a state
+    the other draws never show, where only the first stage waits.
+    """
+    from intune.sim.random_specs import with_waiting_map_stage
+    from intune.sim.simulator import Simulator
+
+    stages = [i for i, s in enumerate(sim.spec.stages) if i > 0 and s.kind in ("map", "udf")]
+    if not stages:
+        return sim
+    spec = with_waiting_map_stage(sim.spec, int(rng.choice(stages)), float(rng.uniform(0.8, 0.99)),
+                                  float(math.exp(rng.uniform(0.0, math.log(8.0)))), float(rng.uniform(4.0, 32.0)),
+                                  min_max_workers=4 * sim.schedule.max_cpus)
+    if spec is None:
+        return sim
+    return Simulator(spec, cpus=sim.schedule, seed=int(rng.integers(2**31)))
+
+
 def with_remote_pool(rng: np.random.Generator, sim, ticks: int):
     """``sim``'s pipeline with its costliest map stage made heavy (half to nine tenths of the CPU per row)
     and given a remote pool, as a fresh Simulator on the same CPU schedule; ``sim`` itself where the

@@ -231,3 +231,25 @@ def with_heavy_map_stage(spec: WorkloadSpec, share: float, min_max_workers: int 
                                 max_workers=max(s.max_workers, min_max_workers))
     stages = tuple(stage if k == i else t for k, t in enumerate(spec.stages))
     return dataclasses.replace(spec, stages=stages), stage.name
+
+
+def with_waiting_map_stage(spec: WorkloadSpec, index: int, wait_share: float, slowdown: float,
+                           worker_mb: float, min_max_workers: int = 0) -> WorkloadSpec | None:
+    """``spec`` with its map stage ``index`` made to wait: thread workers whose per-row time is
+    ``slowdown`` times the costliest stage's CPU per row, ``wait_share`` of it an I/O wait (no CPU),
+    ``worker_mb`` each and a ``max_workers`` of at least ``min_max_workers``. None where that stage is
+    not a regular map or UDF stage after the first.
+
+    The stage that fetches rows after a cheap source (ids -> fetch from a store): busy all the time
+    while it uses almost no CPU, so it needs more workers than CPUs. Only the first stage of the
+    other draws waits on I/O, so without this a network never sees a waiting map stage.
+    """
+    if not 0 < index < len(spec.stages) or not 0.0 <= wait_share < 1.0 or slowdown <= 0:
+        return None
+    s = spec.stages[index]
+    if s.kind not in ("map", "udf") or s.cost_tail is not None or s.size_cv > 0 or s.remote is not None:
+        return None
+    total = slowdown * max(t.cpu_us_per_row for t in spec.stages)
+    stage = dataclasses.replace(s, mode="thread", cpu_us_per_row=total * (1.0 - wait_share), io_us_per_row=total * wait_share,
+                                gil_fraction=0.0, worker_mb=worker_mb, max_workers=max(s.max_workers, min_max_workers))
+    return dataclasses.replace(spec, stages=tuple(stage if k == index else t for k, t in enumerate(spec.stages)))
