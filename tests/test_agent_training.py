@@ -85,10 +85,11 @@ def test_imitation_draws_remote_pools_on_a_heavy_map_stage_with_a_demand_past_th
     assert pooled >= 10
 
 
-# ids -> fetch (a map stage) -> udf -> prefetch on 2 CPUs: fetch is the stage made to wait
+# ids -> fetch (a map stage, in processes until it is made to wait) -> udf -> prefetch on 2 CPUs
 FETCH = spec_from_dict({
     "name": "fetch",
-    "stages": [{"name": "ids", "kind": "read", "cpu_us_per_row": 0.5}, {"name": "fetch", "kind": "map", "cpu_us_per_row": 2.0},
+    "stages": [{"name": "ids", "kind": "read", "cpu_us_per_row": 0.5},
+               {"name": "fetch", "kind": "map", "mode": "process", "cpu_us_per_row": 2.0},
                {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 10.0},
                {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 0.2}],
     "machine": {"cpus": 2, "memory_limit_gb": 64, "base_memory_gb": 1, "oversubscription_cost": 0.3},
