@@ -257,3 +257,26 @@ def test_the_memory_margin_is_where_the_reward_starts_to_fall() -> None:
     default = SafetyLayer(_knobs({"a.workers": 1}), DELTAS).margin
     assert default == AgentConfig().memory_margin == SteerConfig().memory_margin == MEMORY_SAFE_FRACTION
     assert memory_factor(MEMORY_SAFE_FRACTION) == 1.0 > memory_factor(MEMORY_SAFE_FRACTION + 0.01)
+
+
+def test_several_single_worker_increases_are_each_priced_at_their_own_stage():
+    # a's workers were seen to cost 60 MB each; b, c and d never moved (each perhaps a process worker of
+    # 250 MB or more). All four ask for +1 with about 0.8 GB of room: a's +1 at its price and one probe at
+    # PROBE_WORKER_BYTES fit, a second untried stage does not. Priced at the pooled slope (~60 MB) all
+    # four would fit, and four process workers would take memory past the limit in one tick
+    values = {"a.workers": 1, "b.workers": 1, "c.workers": 1, "d.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    used = 10.0
+    for _ in range(8):
+        safety.mask(_obs(values, cpus=256, used_gb=used, limit_gb=17.4))
+        values["a.workers"] += 5
+        used += 5 * 60 / 1024
+    limit = (used + 0.8) / 0.8
+    obs = _obs(values, cpus=256, used_gb=used, limit_gb=limit)
+    mask = safety.mask(obs)
+    assert mask[:, 3].all()  # each +1 alone fits
+    assert safety.worker_memory_bytes(obs) < 100 * MB
+    scores = np.zeros((4, 5))
+    scores[:, 3] = [4.0, 3.0, 2.0, 1.0]  # every stage wants +1, a most
+    moves = safety.moves(safety.select(scores, mask, obs, list(values.values())), obs)
+    assert moves.tolist() == [1, 1, 0, 0]

@@ -445,7 +445,10 @@ class SafetyLayer:
         when the CPUs shrank below the allocation): solved exactly by a dynamic programme over the
         knobs, so a worker can move from a stage with slack to the bottleneck within one tick.
         Memory: then, increases whose memory does not fit the budget are dropped, least preferred
-        first (one +1 worker per tick may be priced at ``PROBE_WORKER_BYTES``).
+        first. A worker added alone is priced at the pooled slope (``worker_memory_bytes``); when the
+        tick adds several, each is priced at its own stage's (``stage_worker_bytes``), since a slope
+        learned on light thread workers under-prices heavy process workers added beside them (one +1
+        per tick may still be priced at ``PROBE_WORKER_BYTES``).
         """
         values = [k.value for k in self.knobs] if values is None else list(values)
         unit = self.units(obs)
@@ -460,7 +463,9 @@ class SafetyLayer:
         per_worker = self.worker_memory_bytes(obs)
         moves = self.deltas[choice] * unit
         mem_budget -= float(moves[~self._is_cpu & (moves < 0)].sum()) * MB  # shrinking buffers frees memory
-        cost = np.where(self._is_cpu & (moves > 1), self.stage_worker_bytes(obs),
+        # a lone +1 at the pooled slope; when the tick adds more than one worker, each at its stage's price
+        several = int(np.maximum(moves[self._is_cpu], 0).sum()) > 1
+        cost = np.where(self._is_cpu & ((moves > 1) | several), self.stage_worker_bytes(obs),
                         np.where(self._is_cpu, per_worker, float(MB))) * np.maximum(moves, 0)
         if cost.sum() > mem_budget:
             rising = np.flatnonzero(moves > 0)
