@@ -110,6 +110,23 @@ def test_a_waiting_map_stage_waits_as_asked_and_needs_more_workers_than_cpus():
     assert best["fetch.workers"] > 2  # waiting workers pay past the CPUs
 
 
+def test_a_map_stage_waiting_on_the_gil_tops_at_one_cpu_however_many_workers_it_has():
+    from intune.sim.random_specs import with_waiting_map_stage
+
+    spec = with_waiting_map_stage(FETCH, 1, wait_share=0.9, slowdown=4.0, worker_mb=8.0, min_max_workers=200, on="gil")
+    fetch = spec.stages[1]
+    assert fetch.mode == "thread" and fetch.io_us_per_row == 0.0 and fetch.cpu_us_per_row == pytest.approx(40.0)
+    assert fetch.gil_fraction == pytest.approx(0.9)
+    best, rows = Simulator(spec, cpus=8, seed=0).optimum(8)
+    assert best["fetch.workers"] <= 2  # more workers add nothing: the oracle keeps the fewest
+    assert rows <= 1.01 / (0.9 * 40e-6)  # one CPU's worth of the GIL-held part
+    with pytest.raises(ValueError, match="on must be one of"):
+        with_waiting_map_stage(FETCH, 1, 0.9, 4.0, 8.0, on="lock")
+    reader = with_waiting_map_stage(FETCH, 0, 0.9, 4.0, 8.0, on="gil")  # a reader parsing in pure Python
+    assert reader is not None and reader.stages[0].gil_fraction == pytest.approx(0.9) and reader.stages[0].kind == "read"
+    assert with_waiting_map_stage(FETCH, 3, 0.9, 4.0, 8.0, on="gil") is None  # the prefetch stage
+
+
 def test_imitation_draws_waiting_map_stages_in_the_share_asked_and_none_by_default():
     from dataclasses import replace
 
@@ -128,6 +145,21 @@ def test_imitation_draws_waiting_map_stages_in_the_share_asked_and_none_by_defau
     assert len(validation_sims(replace(config, imitation_waiting_share=0.25, validation_pipelines=8))) == 8 + 2
     with pytest.raises(ValueError, match="imitation_waiting_share"):
         AgentConfig(imitation_waiting_share=1.5)
+    # with the GIL share at 1, every waiting stage waits on the GIL instead: all CPU, most of it GIL-held,
+    # the costliest stage; the first stage (a reader parsing in pure Python) may be the one
+    on_gil = replace(every, imitation_waiting_gil_share=1.0)
+    gil_drawn = [imitation_sim(np.random.default_rng(i), on_gil) for i in range(20)]
+    assert all(waiting(s) == 0 for s in gil_drawn)
+
+    def gil_bound(sim) -> list[int]:
+        costliest = max(u.cpu_us_per_row for u in sim.spec.stages)
+        return [i for i, t in enumerate(sim.spec.stages) if t.mode == "thread" and t.gil_fraction >= 0.8
+                and t.io_us_per_row == 0 and t.cpu_us_per_row >= costliest]
+
+    found = [gil_bound(s) for s in gil_drawn]
+    assert sum(bool(f) for f in found) >= 15 and any(0 in f for f in found) and any(f and f[0] > 0 for f in found)
+    with pytest.raises(ValueError, match="imitation_waiting_gil_share"):
+        AgentConfig(imitation_waiting_gil_share=-0.1)
 
 
 def test_validation_scores_a_network_as_the_agent_benchmark_scores_a_held_out_spec():

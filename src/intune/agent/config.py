@@ -110,6 +110,9 @@ class AgentConfig:
     """Share of the imitation's pipelines (and of extra validation pipelines) with one map stage after
     the first made to wait on I/O (``env.with_waiting_stage``): a stage that needs more workers than
     CPUs while it looks idle on the CPU. 0 draws none and leaves every other draw as it was."""
+    imitation_waiting_gil_share: float = 0.0
+    """Share of those waiting stages that wait on the GIL instead (``env.with_waiting_stage``): busy on
+    little CPU alike, but more workers add nothing. 0 leaves the waiting draws as they were."""
     imitation_teacher_share: float = 0.2
     """Share of ticks in the learner's rounds where the teacher acts (the states it leads to get labels too)."""
 
@@ -183,7 +186,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.decision not in DECISIONS:
             raise ValueError(f"AgentConfig.decision must be one of {DECISIONS}, got {self.decision!r}")
-        for name in ("imitation_remote_share", "imitation_waiting_share"):
+        for name in ("imitation_remote_share", "imitation_waiting_share", "imitation_waiting_gil_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AgentConfig.{name} must be a share in [0, 1], got {getattr(self, name)!r}")
 

@@ -139,24 +139,30 @@ def _with_memory_and_consumer(rng: np.random.Generator, config: AgentConfig, spe
     return dataclasses.replace(spec, machine=machine, consumer=consumer)
 
 
-def with_waiting_stage(rng: np.random.Generator, sim):
-    """``sim``'s pipeline with one of its map stages after the first made to wait on I/O, as a fresh
+def with_waiting_stage(rng: np.random.Generator, sim, gil_share: float = 0.0):
+    """``sim``'s pipeline with one of its map stages after the first made to wait, as a fresh
     Simulator on the same CPU schedule; ``sim`` itself where it has no such stage.
 
-    The stage: thread workers, 1-8x the costliest stage's CPU per row, 80-99% of it an I/O wait
-    (``random_specs.with_waiting_map_stage``). Busy all the time on almost no CPU, it needs more
-    workers than the CPUs (the runner grants a light stage one past the budget each tick): a state
-    the other draws never show, where only the first stage waits.
+    The stage: thread workers, 1-8x the costliest stage's CPU per row, 80-99% of it a wait
+    (``random_specs.with_waiting_map_stage``): on I/O, or in ``gil_share`` of the draws on the GIL
+    (then the first stage, a reader that parses in pure Python, may be the one).
+    Waiting on I/O, busy all the time on almost no CPU, it needs more workers than the CPUs (the
+    runner grants a light stage one past the budget each tick): a state the other draws never show,
+    where only the first stage waits. Waiting on the GIL it looks alike but gains nothing from more
+    workers: the contrast that keeps a network from adding workers to every busy stage that uses
+    little CPU. ``gil_share`` 0 draws exactly what it drew before the option existed.
     """
     from intune.sim.random_specs import with_waiting_map_stage
     from intune.sim.simulator import Simulator
 
-    stages = [i for i, s in enumerate(sim.spec.stages) if i > 0 and s.kind in ("map", "udf")]
+    on = "gil" if gil_share > 0 and rng.random() < gil_share else "io"  # no draw at 0: the draws as before
+    stages = [i for i, s in enumerate(sim.spec.stages)
+              if (i > 0 and s.kind in ("map", "udf")) or (on == "gil" and i == 0 and s.kind in ("map", "udf", "read"))]
     if not stages:
         return sim
     spec = with_waiting_map_stage(sim.spec, int(rng.choice(stages)), float(rng.uniform(0.8, 0.99)),
                                   float(math.exp(rng.uniform(0.0, math.log(8.0)))), float(rng.uniform(4.0, 32.0)),
-                                  min_max_workers=4 * sim.schedule.max_cpus)
+                                  min_max_workers=4 * sim.schedule.max_cpus, on=on)
     if spec is None:
         return sim
     return Simulator(spec, cpus=sim.schedule, seed=int(rng.integers(2**31)))

@@ -59,6 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="share of the imitation's pipelines with a remote pool")
     parser.add_argument("--waiting-share", type=float, default=defaults.imitation_waiting_share,
                         help="share of the imitation's pipelines with a map stage that waits on I/O")
+    parser.add_argument("--waiting-gil-share", type=float, default=defaults.imitation_waiting_gil_share,
+                        help="share of those waiting map stages that wait on the GIL instead")
     parser.add_argument("--members", type=int, default=defaults.ensemble_members,
                         help="networks pretrained from seeds SEED.. SEED+M-1 (see --keep)")
     parser.add_argument("--keep", choices=KEEP_RULES, default="ensemble",
@@ -92,7 +94,7 @@ def validation_sims(config: AgentConfig, n: int | None = None, seed: int | None 
     for _ in range(math.ceil(n * config.imitation_remote_share)):  # beside a remote pool, as the imitation
         sims.append(with_remote_pool(rng, training_sim(rng, config, VALIDATION_TICKS), VALIDATION_TICKS))
     for _ in range(math.ceil(n * config.imitation_waiting_share)):  # a waiting map stage, as the imitation
-        sims.append(with_waiting_stage(rng, training_sim(rng, config, VALIDATION_TICKS)))
+        sims.append(with_waiting_stage(rng, training_sim(rng, config, VALIDATION_TICKS), config.imitation_waiting_gil_share))
     return sims
 
 
@@ -128,7 +130,7 @@ def imitation_sim(rng: np.random.Generator, config: AgentConfig):
     if config.imitation_remote_share > 0 and rng.random() < config.imitation_remote_share:  # 0: the draws as before
         sim = with_remote_pool(rng, sim, config.imitation_ticks)
     if config.imitation_waiting_share > 0 and rng.random() < config.imitation_waiting_share:  # 0: as before
-        sim = with_waiting_stage(rng, sim)
+        sim = with_waiting_stage(rng, sim, config.imitation_waiting_gil_share)
     return sim
 
 
@@ -265,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
                + (f" --validation {args.validation}" if args.validation != defaults.validation_pipelines else "")
                + (f" --remote-share {args.remote_share}" if args.remote_share != defaults.imitation_remote_share else "")
                + (f" --waiting-share {args.waiting_share}" if args.waiting_share != defaults.imitation_waiting_share else "")
+               + (f" --waiting-gil-share {args.waiting_gil_share}"
+                  if args.waiting_gil_share != defaults.imitation_waiting_gil_share else "")
                + (f" --members {args.members}" if args.members != defaults.ensemble_members else "")
                + (f" --keep {args.keep}" if args.members > 1 and args.keep != "ensemble" else "")
                + (f" --decision {args.decision}" if args.decision != defaults.decision else "")
@@ -273,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, teacher_objective=args.teacher,
                          validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
-                         imitation_waiting_share=args.waiting_share,
+                         imitation_waiting_share=args.waiting_share, imitation_waiting_gil_share=args.waiting_gil_share,
                          ensemble_members=args.members, decision=args.decision, extra={"command": command})
     started = time.time()
     path, members = pretrain(config, args.out, jobs=args.jobs, keep=args.keep)

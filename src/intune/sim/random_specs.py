@@ -233,23 +233,37 @@ def with_heavy_map_stage(spec: WorkloadSpec, share: float, min_max_workers: int 
     return dataclasses.replace(spec, stages=stages), stage.name
 
 
-def with_waiting_map_stage(spec: WorkloadSpec, index: int, wait_share: float, slowdown: float,
-                           worker_mb: float, min_max_workers: int = 0) -> WorkloadSpec | None:
-    """``spec`` with its map stage ``index`` made to wait: thread workers whose per-row time is
-    ``slowdown`` times the costliest stage's CPU per row, ``wait_share`` of it an I/O wait (no CPU),
-    ``worker_mb`` each and a ``max_workers`` of at least ``min_max_workers``. None where that stage is
-    not a regular map or UDF stage after the first.
+WAITS_ON = ("io", "gil")
 
-    The stage that fetches rows after a cheap source (ids -> fetch from a store): busy all the time
-    while it uses almost no CPU, so it needs more workers than CPUs. Only the first stage of the
-    other draws waits on I/O, so without this a network never sees a waiting map stage.
+
+def with_waiting_map_stage(spec: WorkloadSpec, index: int, wait_share: float, slowdown: float,
+                           worker_mb: float, min_max_workers: int = 0, on: str = "io") -> WorkloadSpec | None:
+    """``spec`` with its map stage ``index`` made to wait: thread workers whose per-row time is
+    ``slowdown`` times the costliest stage's CPU per row, ``worker_mb`` each and a ``max_workers`` of at
+    least ``min_max_workers``. ``on="io"``: ``wait_share`` of that time is an I/O wait (no CPU);
+    ``on="gil"``: all of it is CPU, ``wait_share`` of it under the GIL. None where that stage is not a
+    regular map or UDF stage after the first (waiting on the GIL, the first stage may be a reader too).
+
+    Waiting on I/O, it is the stage that fetches rows after a cheap source (ids -> fetch from a store):
+    busy all the time while it uses almost no CPU, so it needs more workers than CPUs. Only the first
+    stage of the other draws waits on I/O, so without this a network never sees a waiting map stage.
+    Waiting on the GIL (a pure-Python parser), it looks the same once it has a few workers, busy on
+    little CPU each, but it tops at one CPU's worth however many it has: only the response to an added
+    worker tells the two apart, so a network shown the first must also be shown the second. A reader
+    that parses rows in pure Python threads is the same GIL-bound stage in the first place.
     """
-    if not 0 < index < len(spec.stages) or not 0.0 <= wait_share < 1.0 or slowdown <= 0:
+    if on not in WAITS_ON:
+        raise ValueError(f"with_waiting_map_stage: on must be one of {WAITS_ON}, got {on!r}")
+    first = 0 if on == "gil" else 1
+    if not first <= index < len(spec.stages) or not 0.0 <= wait_share < 1.0 or slowdown <= 0:
         return None
     s = spec.stages[index]
-    if s.kind not in ("map", "udf") or s.cost_tail is not None or s.size_cv > 0 or s.remote is not None:
+    kinds = ("map", "udf", "read") if on == "gil" and index == 0 else ("map", "udf")
+    if s.kind not in kinds or s.cost_tail is not None or s.size_cv > 0 or s.remote is not None:
         return None
     total = slowdown * max(t.cpu_us_per_row for t in spec.stages)
-    stage = dataclasses.replace(s, mode="thread", cpu_us_per_row=total * (1.0 - wait_share), io_us_per_row=total * wait_share,
-                                gil_fraction=0.0, worker_mb=worker_mb, max_workers=max(s.max_workers, min_max_workers))
+    io = wait_share if on == "io" else 0.0
+    stage = dataclasses.replace(s, mode="thread", cpu_us_per_row=total * (1.0 - io), io_us_per_row=total * io,
+                                gil_fraction=wait_share if on == "gil" else 0.0, worker_mb=worker_mb,
+                                max_workers=max(s.max_workers, min_max_workers))
     return dataclasses.replace(spec, stages=tuple(stage if k == index else t for k, t in enumerate(spec.stages)))
