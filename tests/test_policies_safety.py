@@ -280,3 +280,23 @@ def test_several_single_worker_increases_are_each_priced_at_their_own_stage():
     scores[:, 3] = [4.0, 3.0, 2.0, 1.0]  # every stage wants +1, a most
     moves = safety.moves(safety.select(scores, mask, obs, list(values.values())), obs)
     assert moves.tolist() == [1, 1, 0, 0]
+
+
+def test_a_lone_worker_on_a_stage_that_never_moved_is_priced_at_the_probe_not_the_pooled_slope():
+    # a's workers were seen to cost 60 MB each; b's never moved (a process worker may take 250 MB or
+    # more). With 0.3 GB of room, +1 on a fits at its price; +1 on b alone, at PROBE_WORKER_BYTES, does
+    # not. Priced at the slope pooled over all stages (~60 MB, a's), it would
+    values = {"a.workers": 1, "b.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    used = 10.0
+    for _ in range(8):
+        safety.mask(_obs(values, cpus=256, used_gb=used, limit_gb=17.4))
+        values["a.workers"] += 5
+        used += 5 * 60 / 1024
+    obs = _obs(values, cpus=256, used_gb=used, limit_gb=(used + 0.3) / 0.8)
+    mask = safety.mask(obs)
+    assert safety.worker_memory_bytes(obs) < 100 * MB
+    assert mask[0, 3] and not mask[1, 3]
+    scores = np.zeros((2, 5))
+    scores[1, 3] = 1.0  # only b wants to grow; the mask's choice and the joint one agree
+    assert safety.moves(safety.select(scores, np.ones_like(mask), obs, list(values.values())), obs).tolist() == [0, 0]

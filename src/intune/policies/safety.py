@@ -219,12 +219,12 @@ class SafetyLayer:
         return value
 
     def stage_worker_bytes(self, obs: Observation) -> np.ndarray:
-        """Per knob, what one more worker of that knob's stage may cost in a move of several workers:
-        never less than ``worker_memory_bytes``, and ``PROBE_WORKER_BYTES`` for a stage whose workers
-        have not moved yet. (Buffer knobs: 1 MB.)
+        """Per knob, what one more worker of that knob's stage may cost: never less than
+        ``worker_memory_bytes``, and ``PROBE_WORKER_BYTES`` for a stage whose workers have not moved
+        yet. (Buffer knobs: 1 MB.)
 
         One slope for every stage under-prices the expensive ones: a slope learned mostly from light
-        thread workers prices a +5 onto heavy process workers far too low. Here each stage's slope is a least-squares fit of
+        thread workers prices heavy process workers far too low. Here each stage's slope is a least-squares fit of
         the memory changes on the per-stage worker changes (ridge-regularised, so stages that always
         moved together share a wide error), plus two standard errors.
         """
@@ -378,10 +378,8 @@ class SafetyLayer:
         free_cpus = int(np.floor(obs.free_cpus + 1e-9))
         budget = self.memory_budget(obs, values)
         room = np.where(self._is_cpu, self.worker_budget(obs, values, budget), budget)[:, None]
-        per_worker = self.worker_memory_bytes(obs)
-        # a +1 is priced at the slope over all stages, a larger step at its stage's own (stage_worker_bytes)
-        cost = step * np.where(self._is_cpu[:, None] & (step > 1), self.stage_worker_bytes(obs)[:, None],
-                               np.where(self._is_cpu, per_worker, float(MB))[:, None])
+        # each added worker at its own stage's price (stage_worker_bytes), a buffer step at 1 MB
+        cost = step * np.where(self._is_cpu, self.stage_worker_bytes(obs), float(MB))[:, None]
         probe = self._is_cpu[:, None] & (step == 1)  # one +1 per tick is priced at most PROBE_WORKER_BYTES
         cost = np.where(probe, np.minimum(cost, PROBE_WORKER_BYTES), cost)
         # a worker may be added if the free CPUs, plus what the other stages could give up this tick, allow it
@@ -445,10 +443,9 @@ class SafetyLayer:
         when the CPUs shrank below the allocation): solved exactly by a dynamic programme over the
         knobs, so a worker can move from a stage with slack to the bottleneck within one tick.
         Memory: then, increases whose memory does not fit the budget are dropped, least preferred
-        first. A worker added alone is priced at the pooled slope (``worker_memory_bytes``); when the
-        tick adds several, each is priced at its own stage's (``stage_worker_bytes``), since a slope
-        learned on light thread workers under-prices heavy process workers added beside them (one +1
-        per tick may still be priced at ``PROBE_WORKER_BYTES``).
+        first. Each added worker is priced at its own stage's slope (``stage_worker_bytes``): a slope
+        pooled over all stages, learned mostly on light thread workers, under-prices a process worker
+        (one +1 per tick may be priced at ``PROBE_WORKER_BYTES`` at most).
         """
         values = [k.value for k in self.knobs] if values is None else list(values)
         unit = self.units(obs)
@@ -460,13 +457,9 @@ class SafetyLayer:
             choice[cpu] = self._best_under_cpu_budget(masked[cpu], budget)
 
         mem_budget = self.worker_budget(obs, values)  # buffers past the margin may only shrink (the mask)
-        per_worker = self.worker_memory_bytes(obs)
         moves = self.deltas[choice] * unit
         mem_budget -= float(moves[~self._is_cpu & (moves < 0)].sum()) * MB  # shrinking buffers frees memory
-        # a lone +1 at the pooled slope; when the tick adds more than one worker, each at its stage's price
-        several = int(np.maximum(moves[self._is_cpu], 0).sum()) > 1
-        cost = np.where(self._is_cpu & ((moves > 1) | several), self.stage_worker_bytes(obs),
-                        np.where(self._is_cpu, per_worker, float(MB))) * np.maximum(moves, 0)
+        cost = np.where(self._is_cpu, self.stage_worker_bytes(obs), float(MB)) * np.maximum(moves, 0)
         if cost.sum() > mem_budget:
             rising = np.flatnonzero(moves > 0)
             advantage = masked[rising, choice[rising]] - masked[rising, self.zero]
