@@ -207,17 +207,24 @@ def test_the_cpu_budget_choice_is_the_best_joint_choice_within_the_budget():
         assert np.isclose(sum(scores[k, a] for k, a in enumerate(got)), sum(scores[k, a] for k, a in enumerate(best))), case
 
 
-def test_a_stage_whose_workers_never_moved_cannot_jump_five_on_the_other_stages_price():
-    # a's workers were seen to cost 60 MB each (8 moves of +5); b's never moved (live: perhaps a process
-    # worker of 250 MB or more). With 1.5 GB of room, +5 on b (priced PROBE_WORKER_BYTES a worker) does not
-    # fit; +5 on a, at its measured price, does, and so does +1 on b
-    values = {"a.workers": 1, "b.workers": 1}
+def _with_a_measured_at_60_mb(values: dict[str, int]) -> tuple[SafetyLayer, float]:
+    """A safety layer that saw stage a's workers grow by 5 eight times at 60 MB each (every other stage
+    held), from 10 GB used; ``values`` is updated; returns the layer and the GB used now."""
     safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
     used = 10.0
     for _ in range(8):
         safety.mask(_obs(values, cpus=256, used_gb=used, limit_gb=17.4))
         values["a.workers"] += 5
         used += 5 * 60 / 1024
+    return safety, used
+
+
+def test_a_stage_whose_workers_never_moved_cannot_jump_five_on_the_other_stages_price():
+    # a's workers were seen to cost 60 MB each (8 moves of +5); b's never moved (live: perhaps a process
+    # worker of 250 MB or more). With 1.5 GB of room, +5 on b (priced PROBE_WORKER_BYTES a worker) does not
+    # fit; +5 on a, at its measured price, does, and so does +1 on b
+    values = {"a.workers": 1, "b.workers": 1}
+    safety, used = _with_a_measured_at_60_mb(values)
     obs = _obs(values, cpus=256, used_gb=used, limit_gb=17.4)
     mask = safety.mask(obs)
     assert mask[0].tolist() == [True, True, True, True, True]  # a: +5 fits at its measured price
@@ -265,12 +272,7 @@ def test_several_single_worker_increases_are_each_priced_at_their_own_stage():
     # PROBE_WORKER_BYTES fit, a second untried stage does not. Priced at the pooled slope (~60 MB) all
     # four would fit, and four process workers would take memory past the limit in one tick
     values = {"a.workers": 1, "b.workers": 1, "c.workers": 1, "d.workers": 1}
-    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
-    used = 10.0
-    for _ in range(8):
-        safety.mask(_obs(values, cpus=256, used_gb=used, limit_gb=17.4))
-        values["a.workers"] += 5
-        used += 5 * 60 / 1024
+    safety, used = _with_a_measured_at_60_mb(values)
     limit = (used + 0.8) / 0.8
     obs = _obs(values, cpus=256, used_gb=used, limit_gb=limit)
     mask = safety.mask(obs)
@@ -287,12 +289,7 @@ def test_a_lone_worker_on_a_stage_that_never_moved_is_priced_at_the_probe_not_th
     # more). With 0.3 GB of room, +1 on a fits at its price; +1 on b alone, at PROBE_WORKER_BYTES, does
     # not. Priced at the slope pooled over all stages (~60 MB, a's), it would
     values = {"a.workers": 1, "b.workers": 1}
-    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
-    used = 10.0
-    for _ in range(8):
-        safety.mask(_obs(values, cpus=256, used_gb=used, limit_gb=17.4))
-        values["a.workers"] += 5
-        used += 5 * 60 / 1024
+    safety, used = _with_a_measured_at_60_mb(values)
     obs = _obs(values, cpus=256, used_gb=used, limit_gb=(used + 0.3) / 0.8)
     mask = safety.mask(obs)
     assert safety.worker_memory_bytes(obs) < 100 * MB
