@@ -1,5 +1,7 @@
 """The safety layer: joint CPU budget, memory margin, and zero OOMs under random exploration."""
 
+import dataclasses
+
 import numpy as np
 
 from _knobs import kind_of
@@ -297,3 +299,17 @@ def test_a_lone_worker_on_a_stage_that_never_moved_is_priced_at_the_probe_not_th
     scores = np.zeros((2, 5))
     scores[1, 3] = 1.0  # only b wants to grow; the mask's choice and the joint one agree
     assert safety.moves(safety.select(scores, np.ones_like(mask), obs, list(values.values())), obs).tolist() == [0, 0]
+
+
+def test_after_an_oom_nothing_grows_until_rows_flow_again():
+    # the job was killed; while it restarts the pipeline delivers nothing and memory reads as the base
+    # alone (3 GB of 40): growing on that reading would OOM it again once it runs
+    values = {"a.workers": 4, "b.workers": 2, "b.buffer_mb": 64}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    up = np.array(DELTAS) > 0
+    assert safety.mask(_obs(values, cpus=64, used_gb=3.0, limit_gb=40))[:, up].any()
+    safety.mask(dataclasses.replace(_obs(values, cpus=64, used_gb=41.0, limit_gb=40), oom=True, throughput=0.0))
+    down = dataclasses.replace(_obs(values, cpus=64, used_gb=3.0, limit_gb=40), throughput=0.0)
+    for _ in range(5):
+        assert not safety.mask(down)[:, up].any()
+    assert safety.mask(_obs(values, cpus=64, used_gb=3.0, limit_gb=40))[:, up].any()  # rows flow: it may grow

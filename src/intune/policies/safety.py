@@ -79,6 +79,8 @@ class SafetyLayer:
         self._worker_bytes: tuple[Observation, float] | None = None
         self._stage_bytes: tuple[Observation, np.ndarray] | None = None
         self._noise_of: tuple[Observation, float] | None = None
+        # from an OOM until rows flow again: the job restarts, and its memory reads as the base alone
+        self._restarting = False
 
     # -- projections ---------------------------------------------------------------------------
     def track(self, obs: Observation) -> None:
@@ -86,6 +88,7 @@ class SafetyLayer:
         and how noisy the memory reading is from how it moved while the workers did not."""
         self._worker_bytes = None
         self._stage_bytes = None
+        self._restarting = obs.oom or (self._restarting and obs.throughput <= 0)
         if obs.oom or obs.throughput <= 0:
             self._last_point = None
             if obs.oom:
@@ -268,11 +271,12 @@ class SafetyLayer:
         minimum would forfeit the job's throughput to keep a promise already broken by the job's own
         base memory (a 16 GB model state under an 18 GB limit): workers may then grow, a step at a
         time as their measured cost allows, while the projection stays under ``WORKER_CEILING``.
-        After an OOM nothing may grow.
+        After an OOM nothing may grow until rows flow again: while the job restarts its memory reads
+        as the base alone, and workers grown on that reading would OOM it again once it runs.
         """
         if budget is None:
             budget = self.memory_budget(obs, values)
-        if obs.oom:
+        if obs.oom or self._restarting:
             return -np.inf
         if obs.memory_limit_bytes <= 0 or budget >= 0:
             return budget
@@ -424,9 +428,10 @@ class SafetyLayer:
         return wanted, choice
 
     def _past_margin(self, obs: Observation, budget: float) -> bool:
-        """An OOM, memory used past the margin, or buffers that would take it there when full."""
+        """An OOM (or the restart after it), memory used past the margin, or buffers that would take
+        it there when full."""
         used = obs.memory_limit_bytes > 0 and obs.memory_used_bytes > self.margin * obs.memory_limit_bytes
-        return obs.oom or used or budget < 0
+        return obs.oom or self._restarting or used or budget < 0
 
     def memory_allows_worker(self, obs: Observation, values: Sequence[int], k: int) -> bool:
         """Whether CPU knob ``k`` may gain one worker as far as its bound and the memory go, leaving the
