@@ -17,11 +17,12 @@ score actions itself.
 Memory is projected pessimistically: every buffer full to its knob's size, and each added worker
 costing an upper confidence bound of what workers were seen to cost (see ``worker_memory_bytes``);
 until a change has been seen, the memory outside buffers divided by the workers (an upper bound, since
-it includes the base), or the bound fitted on recent levels of memory over workers if lower. A move of
-several workers is priced at its own stage's bound, never less (``stage_worker_bytes``):
-``PROBE_WORKER_BYTES`` a worker until that stage's workers have moved.
-Whatever the estimate, one +1 worker per tick may be priced at ``PROBE_WORKER_BYTES``: each such
-probe sharpens the estimate, so a tight start never deadlocks.
+it includes the base), or the bound fitted on recent levels of memory over workers if lower. In
+``mask`` and ``select`` each added worker is priced at its own stage's bound, never less than that
+pooled one (``stage_worker_bytes``): ``PROBE_WORKER_BYTES`` a worker until that stage's workers have
+moved. Whatever the estimate, one +1 worker per tick may be priced at ``PROBE_WORKER_BYTES``: each
+such probe sharpens the estimate, so a tight start never deadlocks. After an OOM nothing grows until
+rows flow again (``worker_budget``).
 """
 
 from __future__ import annotations
