@@ -299,6 +299,9 @@ def test_a_lone_worker_on_a_stage_that_never_moved_is_priced_at_the_probe_not_th
     scores = np.zeros((2, 5))
     scores[1, 3] = 1.0  # only b wants to grow; the mask's choice and the joint one agree
     assert safety.moves(safety.select(scores, np.ones_like(mask), obs, list(values.values())), obs).tolist() == [0, 0]
+    # the same price where a light stage's lone worker is granted past the CPUs (``steer``'s rule)
+    assert safety.memory_allows_worker(obs, list(values.values()), 0)
+    assert not safety.memory_allows_worker(obs, list(values.values()), 1)
 
 
 def test_after_an_oom_nothing_grows_until_rows_flow_again():

@@ -436,10 +436,11 @@ class SafetyLayer:
 
     def memory_allows_worker(self, obs: Observation, values: Sequence[int], k: int) -> bool:
         """Whether CPU knob ``k`` may gain one worker as far as its bound and the memory go, leaving the
-        CPUs aside: for a light stage's worker, which the runner grants past the CPUs."""
+        CPUs aside: for a light stage's worker, which the runner grants past the CPUs. Priced as
+        ``mask`` prices a lone +1: at its stage's bound, the probe at most."""
         if not self._is_cpu[k] or values[k] + 1 > self.knobs[k].max:
             return False
-        return min(self.worker_memory_bytes(obs), PROBE_WORKER_BYTES) <= self.worker_budget(obs, values)
+        return min(float(self.stage_worker_bytes(obs)[k]), PROBE_WORKER_BYTES) <= self.worker_budget(obs, values)
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:
