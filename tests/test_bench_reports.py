@@ -145,6 +145,28 @@ def test_tune_report_has_one_row_per_policy_the_search_and_every_row() -> None:
     assert "## Every row" in text and "| resize      | intune" in text
 
 
+def test_tune_report_gives_the_median_and_range_of_several_rounds() -> None:
+    r = tune_live._row
+    rows = [
+        {"round": k, **row}
+        for k, (fraction, reached, killed) in enumerate([(0.9, 8.0, False), (0.5, None, True), (0.7, 20.0, False)], 1)
+        for row in (
+            r("convergence", "intune", "fraction_of_best", fraction, ">= 0.9", "x"),
+            r("convergence", "intune", "time_to_90pct_s", reached, "<= 60", "s"),
+            r("memory", "intune", "oom_killed", killed, "no"),
+        )
+    ]
+    settings = {"run_s": 60.0, "tail_s": 15.0, "phase_s": 45.0, "memory_s": 45.0, "memory_limit_mb": 1024, "tick_s": 1.0}
+    text = tune_live.markdown_report(rows, {}, settings, "intune bench tune --rounds 3", MACHINE)
+    intune = _table_row(text, "intune")
+    assert intune[2:4] == ["0.70 (0.50–0.90 over 3 runs)", "20 (8–never over 3 runs)"]  # a round that never got there is the latest
+    assert intune[7] == "yes in 1 of 3"
+    assert "ran 3 times per benchmark, interleaved" in text
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        tune_live.run(argparse.Namespace(policies="heuristic", only="convergence", quick=True, tick=1.0, rounds=0,
+                                         history=None, json=None, md=None))
+
+
 def test_real_report_opens_with_the_shared_header() -> None:
     results = [
         {"system": "tf.data", "policy": "AUTOTUNE", "rows_per_s": 100.0},

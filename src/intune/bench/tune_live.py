@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +41,7 @@ from intune.units import MB
 
 BENCHMARKS = ("convergence", "resize", "memory", "memory-floor")
 DEFAULT_POLICIES = ("intune", "heuristic", "plumber-adaptive", "autotune-adaptive")
-ROW_COLUMNS = ["benchmark", "policy", "metric", "value", "target", "unit", "meets"]
+ROW_COLUMNS = ["round", "benchmark", "policy", "metric", "value", "target", "unit", "meets"]
 
 
 # -- settings -----------------------------------------------------------------------------------------
@@ -445,6 +447,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tick", type=float, default=1.0, help="seconds between the tuner's decisions (default 1)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every benchmark this many times, interleaved (every policy once, then again); "
+        "the summary gives each figure's median and range (default 1)",
+    )
 
 
 def _split(text: str | None, valid: Sequence[str] | None, what: str) -> list[str] | None:
@@ -475,17 +484,25 @@ def run(args: argparse.Namespace) -> int:
 
     policies = _split(args.policies, POLICY_NAMES, "policies") or default_policies()
     only = _split(args.only, BENCHMARKS, "benchmarks") or list(BENCHMARKS)
+    rounds = int(getattr(args, "rounds", 1))
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {rounds}")
     settings = Settings.make(bool(args.quick), float(args.tick))
     searches: dict[int, wl.SearchResult] = {}
     rows: list[dict[str, Any]] = []
     print(f"policies compared: {', '.join(policies)}", flush=True)
-    if "convergence" in only:
-        rows += bench_convergence(policies, settings, searches, args.history)
-    if "resize" in only:
-        rows += bench_resize(policies, settings, searches, args.history)
-    for bench in ("memory", "memory-floor"):
-        if bench in only:
-            rows += bench_memory(policies, settings, args.history, bench)
+    for r in range(1, rounds + 1):
+        # rounds outermost: the policies' repeats share the machine's slow and fast spells alike
+        history = str(Path(args.history) / f"round{r}") if args.history and rounds > 1 else args.history
+        found: list[dict[str, Any]] = []
+        if "convergence" in only:
+            found += bench_convergence(policies, settings, searches, history)
+        if "resize" in only:
+            found += bench_resize(policies, settings, searches, history)
+        for bench in ("memory", "memory-floor"):
+            if bench in only:
+                found += bench_memory(policies, settings, history, bench)
+        rows += [{"round": r, **row} for row in found]
     print(format_table(rows, ROW_COLUMNS))
     search_rows = {
         str(c): [{"allocation": a, "rows_per_s": r} for a, r in res.measured] for c, res in searches.items()
@@ -497,6 +514,7 @@ def run(args: argparse.Namespace) -> int:
             benchmark="tune",
             policies=policies,
             quick=bool(args.quick),
+            rounds=rounds,
             settings=asdict(replace(settings)),
             searches=search_rows,
         )
@@ -521,12 +539,18 @@ def markdown_report(
 
     Takes what ``--json`` writes (results, searches, settings), so the report and the file agree.
     """
+    rounds = max((int(r.get("round", 1)) for r in rows), default=1)
+    runs = (
+        "once per benchmark: one run each, so no spread"
+        if rounds == 1
+        else f"{rounds} times per benchmark, interleaved (every policy once, then again); a figure of "
+        "several runs is their median (range over the runs); a search is measured once"
+    )
     context = [
         md_report.load_line(),
-        f"Each policy ran once per benchmark ({settings['run_s']:.0f} s convergence runs, "
+        f"Each policy ran {runs} ({settings['run_s']:.0f} s convergence runs, "
         f"{settings['phase_s']:.0f} s resize phases, {settings['memory_s']:.0f} s under a "
-        f"{settings['memory_limit_mb']} MB memory cgroup, a decision every {settings['tick_s']:g} s): "
-        "one run each, so no spread.",
+        f"{settings['memory_limit_mb']} MB memory cgroup, a decision every {settings['tick_s']:g} s).",
     ]
     sections = [
         md_report.section("Per policy", rows=summary_rows(rows, settings["tail_s"])),
@@ -547,17 +571,19 @@ def summary_rows(rows: Sequence[dict[str, Any]], tail_s: float) -> list[dict[str
 
 
 def _policy_summary(policy: str, rows: list[dict[str, Any]], tail_s: float) -> dict[str, str]:
-    """A metric never reached (``None``) reads ``never``; a metric not measured reads ``-``."""
-    got = {(r["benchmark"], r["metric"]): r["value"] for r in rows}
+    """A metric never reached (``None``) reads ``never``; a metric not measured reads ``-``; one
+    measured in several rounds reads its median and range (``_rounds_cell``)."""
+    got: dict[tuple[str, str], list[Any]] = {}
+    for r in rows:
+        got.setdefault((r["benchmark"], r["metric"]), []).append(r["value"])
 
     def cell(benchmark: str, metric: str, fmt: str) -> str:
         if (benchmark, metric) not in got:
             return "-"
-        value = got[(benchmark, metric)]
-        return "never" if value is None else _fmt(value, fmt)
+        return _rounds_cell(got[(benchmark, metric)], fmt)
 
     phases = sorted(
-        m for b, m in got if b == "resize" and m.startswith("phase") and m.endswith("_rows_per_s")
+        {m for b, m in got if b == "resize" and m.startswith("phase") and m.endswith("_rows_per_s")}
     )
     checked = [r["value"] for r in rows if r["metric"] in ("rows_missing", "rows_repeated")]
     return {
@@ -580,6 +606,26 @@ def _policy_summary(policy: str, rows: list[dict[str, Any]], tail_s: float) -> d
         "floor: peak MB": cell("memory-floor", "peak_usage_mb", ",.0f"),
         "rows lost or repeated": _fmt(sum(checked), ",.0f") if checked else "-",
     }
+
+
+def _rounds_cell(values: Sequence[Any], fmt: str) -> str:
+    """One round's value as it is (``None``: ``never``); several rounds' numbers as ``median (min–max
+    over N runs)``, a never-reached round counting as later than any time (so a median may be
+    ``never``); flags as ``yes`` / ``no``, or ``yes in K of N`` where the rounds disagree."""
+    if len(values) == 1:
+        return "never" if values[0] is None else _fmt(values[0], fmt)
+    if all(isinstance(v, bool) for v in values):
+        hits = sum(values)
+        return _fmt(hits == len(values), fmt) if hits in (0, len(values)) else f"yes in {hits} of {len(values)}"
+    if not all(v is None or isinstance(v, (int, float)) for v in values):
+        return " / ".join("never" if v is None else _fmt(v, fmt) for v in values)
+    numbers = sorted(float("inf") if v is None else float(v) for v in values)
+    median = statistics.median(numbers)
+
+    def show(x: float) -> str:
+        return "never" if math.isinf(x) else _fmt(x, fmt)
+
+    return f"{show(median)} ({show(numbers[0])}–{show(numbers[-1])} over {len(numbers)} runs)"
 
 
 def search_table(searches: dict[str, list[dict[str, Any]]]) -> list[dict[str, str]]:
