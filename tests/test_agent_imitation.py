@@ -65,6 +65,29 @@ def test_a_label_weighs_the_throughput_its_knob_loses_if_it_stays():
     assert label_weights(throughput_of, target, ["a", "b"], [5, 20], 0.02, 0.05) == pytest.approx([0.05, 0.05])
 
 
+def test_a_label_that_sheds_workers_weighs_the_cpus_they_hold_past_the_target():
+    # a flat optimum: no allocation loses throughput; a's workers compute (1 CPU each), b's wait (0.1 each)
+    def throughput_of(alloc):
+        return 1000.0
+
+    def held_cpus_of(alloc):
+        return 1.0 * alloc["a"] + 0.1 * alloc["b"]
+
+    target = {"a": 2, "b": 2}
+    # on 8 CPUs, a's 4 past the target hold 4 / 8 = 0.5 of them -> 0.5 / 0.5 = 1; b's 4 hold 0.05 -> 0.1
+    assert label_weights(throughput_of, target, ["a", "b"], [6, 6], 0.02, 0.05, held_cpus_of, 8.0, 0.5) == \
+        pytest.approx([1.0, 0.1])
+    # one past the target: 1 / 8 / 0.5 = 0.25; below the target holds nothing more: the floor
+    assert label_weights(throughput_of, target, ["a", "b"], [3, 1], 0.02, 0.05, held_cpus_of, 8.0, 0.5) == \
+        pytest.approx([0.25, 0.05])
+    # without the held CPUs (or a full weight of 0), only the throughput counts: the floor
+    assert label_weights(throughput_of, target, ["a", "b"], [6, 6], 0.02, 0.05) == pytest.approx([0.05, 0.05])
+    assert label_weights(throughput_of, target, ["a", "b"], [6, 6], 0.02, 0.05, held_cpus_of, 8.0, 0.0) == \
+        pytest.approx([0.05, 0.05])
+    with pytest.raises(ValueError, match="imitation_full_weight_held_cpus"):
+        AgentConfig(imitation_full_weight_held_cpus=-1.0)
+
+
 def test_dagger_labels_every_state_the_learner_reaches_with_an_allowed_action():
     config = AgentConfig()
     rng = np.random.default_rng(0)

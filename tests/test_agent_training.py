@@ -127,6 +127,31 @@ def test_a_map_stage_waiting_on_the_gil_tops_at_one_cpu_however_many_workers_it_
     assert with_waiting_map_stage(FETCH, 3, 0.9, 4.0, 8.0, on="gil") is None  # the prefetch stage
 
 
+def test_shedding_workers_a_gil_bound_stage_cannot_use_weighs_the_cpus_they_hold():
+    from intune.agent.teacher import label_weights
+    from intune.sim.random_specs import with_waiting_map_stage
+
+    config = AgentConfig()
+
+    def weight(on: str, held: bool) -> float:
+        sim = Simulator(with_waiting_map_stage(FETCH, 1, 0.9, 4.0, 8.0, min_max_workers=200, on=on), cpus=8, seed=0)
+        target, _ = sim.optimum(8)
+        names = list(target)
+        values = [target[n] + 20 if n == "fetch.workers" else target[n] for n in names]
+        extra = (sim.held_cpus, 8.0, config.imitation_full_weight_held_cpus) if held else ()
+        w = label_weights(sim.true_throughput, target, names, values, config.imitation_full_weight_loss,
+                          config.imitation_min_weight, *extra)
+        return float(w[names.index("fetch.workers")])
+
+    # 20 GIL-bound workers past the target cost no throughput on 8 CPUs, but want 20 CPUs: full weight,
+    # where the throughput alone gives them the floor
+    assert weight("gil", held=True) == 1.0
+    assert weight("gil", held=False) == pytest.approx(config.imitation_min_weight)
+    # 20 workers waiting on I/O 90% of the time want 2 CPUs (0.5 of the full weight): their label keeps
+    # the weight of the throughput they cost
+    assert weight("io", held=True) == weight("io", held=False) > 0.5
+
+
 def test_imitation_draws_waiting_map_stages_in_the_share_asked_and_none_by_default():
     from dataclasses import replace
 

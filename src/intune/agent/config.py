@@ -123,6 +123,11 @@ class AgentConfig:
     """A label weighs 1 when leaving its knob where it is would lose this share of the optimum's
     throughput; less in proportion (``teacher.label_weights``)."""
 
+    imitation_full_weight_held_cpus: float = 0.5
+    """A label that sheds workers weighs 1 when those past the target want this share of the CPUs when
+    busy, whether or not they cost throughput here; less in proportion (``teacher.label_weights``).
+    0 leaves that cost out: labels weigh the throughput lost alone."""
+
     imitation_min_weight: float = 0.05
     """The weight of a label whose knob's distance from the target costs nothing (at the target, or on
     a flat optimum): it still counts, a little."""
@@ -189,6 +194,9 @@ class AgentConfig:
         for name in ("imitation_remote_share", "imitation_waiting_share", "imitation_waiting_gil_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AgentConfig.{name} must be a share in [0, 1], got {getattr(self, name)!r}")
+        if self.imitation_full_weight_held_cpus < 0:
+            raise ValueError("AgentConfig.imitation_full_weight_held_cpus must be >= 0 (0: not counted), "
+                             f"got {self.imitation_full_weight_held_cpus!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so the config can be stored beside weights and loaded without pickle."""

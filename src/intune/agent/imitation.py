@@ -7,8 +7,8 @@ move lands closest to the optimum's value (jointly resolved under the safety mas
 choices are). DAgger (Ross et al. 2011): round 0 rolls out the teacher; later rounds roll out the
 learner (with a share of teacher ticks) and the teacher labels the states the learner reaches, so the
 network learns to recover from its own mistakes. Each label is weighted by what it is worth
-(``teacher.label_weights``: the throughput lost if that knob stayed put), so that a bottleneck's move
-outweighs the exact value of a knob on a flat optimum. Every rollout goes through
+(``teacher.label_weights``: the throughput lost if that knob stayed put, or the CPUs its workers past
+the target hold), so that a bottleneck's move outweighs the exact value of a knob on a flat optimum. Every rollout goes through
 ``intune.sim.run_episode`` (the one runner). It must not be used live: the teacher reads the
 simulator's true model.
 """
@@ -84,7 +84,8 @@ class DaggerPolicy:
         label = teacher_choice(safety, observation, values, target, mask, self.sim.true_throughput)
         config = self.student.config
         weight = label_weights(self.sim.true_throughput, target, [k.name for k in safety.knobs], values,
-                               config.imitation_full_weight_loss, config.imitation_min_weight)
+                               config.imitation_full_weight_loss, config.imitation_min_weight,
+                               self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus)
         rows, valid = self.student.chooser.last
         n = len(values)
         padded_mask = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=bool)

@@ -54,19 +54,33 @@ def _gain_now(safety: SafetyLayer, values: Sequence[int], landed: np.ndarray, be
 
 
 def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str], values: Sequence[int],
-                  full_weight_loss: float, floor: float) -> np.ndarray:
-    """Per knob, the share of the optimum's throughput lost if only this knob stayed at its value (every
-    other knob at the target), divided by ``full_weight_loss`` and clipped to ``[floor, 1]``.
+                  full_weight_loss: float, floor: float,
+                  held_cpus_of: Callable[[dict[str, int]], float] | None = None, cpus: float = 0.0,
+                  full_weight_held: float = 0.5) -> np.ndarray:
+    """Per knob, the larger of two costs of leaving it where it is (every other knob at the target),
+    each scaled to 1 at its full weight, clipped to ``[floor, 1]``:
+
+    - the share of the optimum's throughput lost, over ``full_weight_loss``;
+    - with ``held_cpus_of`` (``Simulator.held_cpus``), the CPUs its workers past the target want when
+      busy, as a share of ``cpus``, over ``full_weight_held``. Workers the pipeline cannot use may cost
+      no throughput here (a stage capped by the GIL, with CPUs to spare) and still hold CPUs that
+      anything else on the machine would need; a worker waiting on I/O holds little.
 
     ``throughput_of(allocation)`` is the true model's throughput (``Simulator.true_throughput``). A knob
-    already at its target, or whose distance from it costs nothing, weighs ``floor``; one whose distance
-    costs ``full_weight_loss`` of the optimum or more weighs 1 (cost-sensitive imitation: the network
-    spends its capacity on the moves that matter).
+    at its target, or whose distance from it costs nothing, weighs ``floor``; one whose distance costs
+    the full weight or more weighs 1 (cost-sensitive imitation: the network spends its capacity on the
+    moves that matter).
     """
     best = throughput_of(dict(target))
-    loss = np.zeros(len(names))
-    if best > 0:
-        for i, (name, value) in enumerate(zip(names, values, strict=True)):
-            if target.get(name, value) != value:
-                loss[i] = max(0.0, 1.0 - throughput_of({**target, name: value}) / best)
-    return np.clip(loss / full_weight_loss, floor, 1.0).astype(np.float32)
+    cost = np.zeros(len(names))
+    count_held = held_cpus_of is not None and cpus > 0 and full_weight_held > 0
+    base_held = held_cpus_of(dict(target)) if count_held else 0.0
+    for i, (name, value) in enumerate(zip(names, values, strict=True)):
+        if target.get(name, value) == value:
+            continue
+        if best > 0:
+            cost[i] = max(0.0, 1.0 - throughput_of({**target, name: value}) / best) / full_weight_loss
+        if count_held and value > target[name]:
+            held = max(0.0, held_cpus_of({**target, name: value}) - base_held) / cpus
+            cost[i] = max(cost[i], held / full_weight_held)
+    return np.clip(cost, floor, 1.0).astype(np.float32)

@@ -414,6 +414,13 @@ class Simulator:
             self.params, w, b, self.cpus if cpus is None else cpus, mult, self._remote_rows(alloc, mult)
         )
 
+    def held_cpus(self, alloc: dict[str, int] | None = None) -> float:
+        """CPUs the local workers of ``alloc`` (missing knobs: current values) want when busy
+        (``model.compute_workers``): a worker waiting on I/O wants little, one that computes a whole CPU,
+        whether or not its stage gains from it."""
+        w, _ = self._arrays(alloc)
+        return model.compute_workers(self.params, w)
+
     def worst_case_memory(self, alloc: dict[str, int] | None = None) -> float:
         w, b = self._arrays(alloc)
         return model.worst_case_memory(self.params, w, b)
