@@ -25,12 +25,14 @@ def _knobs(values: dict[str, int]) -> list[Knob]:
 
 
 def _obs(values: dict[str, int], cpus: float, used_gb: float, limit_gb: float, bytes_per_item: float = 0.5 * MB,
-         buffered: dict[str, float] | None = None) -> Observation:
+         buffered: dict[str, float] | None = None, modes: dict[str, str] | None = None) -> Observation:
+    """``modes``: stage -> how its workers run; a stage not named does not say (priced as processes)."""
     stages = []
     for stage in sorted({n.split(".")[0] for n in values}):
+        extra = {"mode": modes[stage]} if modes and stage in modes else {}
         stages.append(StageObservation(stage, values.get(f"{stage}.workers", 0), values.get(f"{stage}.buffer_mb", 0),
                                        10.0, 1e4, 0.01, 0.01, bytes_per_item, 0.5, 0.2, 0.3, 0.5,
-                                       (buffered or {}).get(stage, 0.0), kind=kind_of(stage)))
+                                       (buffered or {}).get(stage, 0.0), kind=kind_of(stage), **extra))
     return Observation(1, 1.0, 1e4, 0.0, cpus, used_gb * GB, limit_gb * GB, tuple(stages))
 
 
@@ -316,3 +318,51 @@ def test_after_an_oom_nothing_grows_until_rows_flow_again():
     for _ in range(5):
         assert not safety.mask(down)[:, up].any()
     assert safety.mask(_obs(values, cpus=64, used_gb=3.0, limit_gb=40))[:, up].any()  # rows flow: it may grow
+
+
+def test_an_untried_thread_worker_is_probed_at_the_thread_price_a_process_one_at_the_process_price():
+    # b's workers never moved; with 0.3 GB of room a lone +1 on b fits only if b declares thread workers
+    # (probed at 64 MB: they share the process's memory), not if it declares processes or says nothing
+    for mode, fits in (("thread", True), ("process", False), (None, False)):
+        values = {"a.workers": 1, "b.workers": 1}
+        safety, used = _with_a_measured_at_60_mb(values)
+        obs = _obs(values, cpus=256, used_gb=used, limit_gb=(used + 0.3) / 0.8, modes={"b": mode} if mode else None)
+        mask = safety.mask(obs)
+        assert bool(mask[1, 3]) is fits, mode
+        assert safety.memory_allows_worker(obs, list(values.values()), 1) is fits, mode
+        assert not mask[1, 4], mode  # +5 untried workers is priced at the pooled slope or the probe, whichever is more
+
+
+def test_a_stage_ramp_behind_a_noisy_base_prices_its_workers_long_after_they_stopped():
+    # 8 GB of base whose reading moves by ~2% a tick; a (a thread stage) ramps 1 -> 11 at 20 MB a worker
+    # while b (a process stage, 200 MB a worker) ramps 1 -> 3, then nothing moves for 60 ticks. Tick-to-tick
+    # changes price a's worker at hundreds of MB; its levels price it well under that, and above its cost
+    rng = np.random.default_rng(5)
+    values = {"a.workers": 1, "b.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+
+    def tick() -> Observation:
+        used = (8 * GB + 20 * MB * values["a.workers"] + 200 * MB * values["b.workers"]) * (1 + 0.02 * rng.standard_normal())
+        obs = _obs(values, cpus=64, used_gb=used / GB, limit_gb=10.6, modes={"a": "thread", "b": "process"})
+        safety.mask(obs)
+        return obs
+
+    for t in range(12):
+        tick()
+        values["a.workers"] += 1
+        if t % 5 == 4:
+            values["b.workers"] += 1
+    for _ in range(60):
+        obs = tick()
+    price = safety.stage_worker_bytes(obs)
+    assert 20 * MB < price[0] < 200 * MB and price[1] > 200 * MB  # each above its cost
+    without = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    without.load_state_dict({**safety.state_dict(), "stage_levels": []})  # the changes alone
+    assert without.stage_worker_bytes(obs)[0] > 2 * price[0]
+    # the levels are carried across a restart; a state saved before they were kept still loads
+    state = safety.state_dict()
+    again = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    again.load_state_dict(state)
+    assert again.stage_worker_bytes(obs)[0] == price[0]
+    legacy = {k: v for k, v in state.items() if k != "stage_levels"}
+    SafetyLayer(_knobs(values), DELTAS, margin=0.8).load_state_dict(legacy)

@@ -66,6 +66,7 @@ def test_observation_matches_model_without_noise():
     # read: 4 / 10 us = 400k rows/s; prefetch 1 / 5 us = 200k; CPU 8 / 7 us = 1.14M: prefetch binds
     assert obs.throughput == pytest.approx(200_000)
     read = obs.stage("read")
+    assert read.mode == "thread"  # as the spec runs its workers (the default)
     assert (
         read.workers == 4
         and read.items_per_s == pytest.approx(200.0)

@@ -66,7 +66,7 @@ def test_observe_per_stage_deltas_by_hand():
     assert read.busy == pytest.approx(0.6) and read.starved == pytest.approx(0.15)
     assert read.blocked == pytest.approx(0.25)
     assert read.queue_fill == 0.25 and read.buffered_bytes == 8192 and read.bytes_per_item == 4096
-    assert udf.workers == 4
+    assert udf.workers == 4 and (read.mode, udf.mode) == ("thread", "process")  # as each stage runs them
     assert udf.items_per_s == pytest.approx(4.0) and udf.cpu_s_per_item == pytest.approx(0.5)
     assert udf.wall_s_per_item == pytest.approx(0.6)
     assert udf.busy == pytest.approx(0.8) and udf.starved == pytest.approx(0.1) and udf.blocked == 0.0

@@ -89,6 +89,7 @@ def observe_stage(
         buffered_bytes=float(cur.buffered_bytes),
         stalled=bool(cur.stalled),
         kind=observed_kind(cur.kind),
+        mode=cur.mode,
         remote_workers=remote_workers,
         remote_items_per_s=max(0, d_remote) / dt,
         transfer_s_per_item=max(0.0, d_transfer_s) / d_remote if d_remote > 0 else 0.0,

@@ -58,6 +58,9 @@ class StageObservation:
     buffered_bytes: float  # bytes held by this stage
     stalled: bool = False  # work in hand without progress past the stall bound: hung, not slow
     kind: str = "stage"  # what the stage does, as it declares it, through observed_kind: one of STAGE_KINDS
+    # how its workers run, as the stage declares it: "thread", "process" or "inline" (no pool); where
+    # not declared, "process": what an added worker may cost is priced by it (``SafetyLayer``)
+    mode: str = "process"
     remote_workers: int = 0  # value of "<name>.remote_workers" (0 if the stage has no remote pool)
     remote_items_per_s: float = 0.0  # of items_per_s, the chunks that remote workers processed
     transfer_s_per_item: float = 0.0  # mean seconds a remote chunk spent in transit (both ways, queueing in the object store included)

@@ -19,9 +19,10 @@ costing an upper confidence bound of what workers were seen to cost (see ``worke
 until a change has been seen, the memory outside buffers divided by the workers (an upper bound, since
 it includes the base), or the bound fitted on recent levels of memory over workers if lower. In
 ``mask`` and ``select`` each added worker is priced at its own stage's bound, never less than that
-pooled one (``stage_worker_bytes``): ``PROBE_WORKER_BYTES`` a worker until that stage's workers have
-moved. Whatever the estimate, one +1 worker per tick may be priced at ``PROBE_WORKER_BYTES``: each
-such probe sharpens the estimate, so a tight start never deadlocks. After an OOM nothing grows until
+pooled one (``stage_worker_bytes``), or fitted on that stage's own levels where lower: the probe a
+worker until that stage's workers have moved (``PROBE_WORKER_BYTES``, or ``PROBE_THREAD_WORKER_BYTES``
+for a stage that declares thread workers). Whatever the estimate, one +1 worker per tick may be priced
+at its probe: each such probe sharpens the estimate, so a tight start never deadlocks. After an OOM nothing grows until
 rows flow again (``worker_budget``).
 """
 
@@ -39,12 +40,17 @@ from intune.policies.base import even_split
 from intune.units import MB
 
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
+# ... a thread worker: it shares the process's memory; its own is its stack and the chunks in its hands
+PROBE_THREAD_WORKER_BYTES = 64 * MB
 # where workers may still grow when memory that no buffer cut can free is already past the margin: a
 # limit on an upper confidence bound of memory (``settled_memory`` plus each added worker's upper bound),
 # so the 3% left below the OOM covers only what the projection cannot see (memory that comes once data flows)
 WORKER_CEILING = 0.97
 LEVEL_TICKS = 32  # recent ticks whose (workers, memory) levels fit what a worker costs
 LEVEL_MIN_POINTS = 6  # ... and the fewest that may
+# recent ticks whose per-stage (workers, memory) levels fit what each stage's worker costs: longer than
+# LEVEL_TICKS, so that a ramp still prices a stage's workers long after the workers stopped moving
+STAGE_LEVEL_TICKS = 128
 
 
 class SafetyLayer:
@@ -75,11 +81,14 @@ class SafetyLayer:
         self._last_point: tuple[np.ndarray, float] | None = None
         # (change of workers per CPU knob, change of memory outside buffers) on ticks any of them moved
         self._stage_changes: list[tuple[np.ndarray, float]] = []
+        # (workers per CPU knob, memory outside buffers) on recent ticks
+        self._stage_levels: list[tuple[np.ndarray, float]] = []
         # one tick asks for the step units and a worker's cost several times: computed once per observation
         self._units: tuple[Observation, np.ndarray] | None = None
         self._worker_bytes: tuple[Observation, float] | None = None
         self._stage_bytes: tuple[Observation, np.ndarray] | None = None
         self._noise_of: tuple[Observation, float] | None = None
+        self._probe: tuple[Observation, np.ndarray] | None = None
         # from an OOM until rows flow again: the job restarts, and its memory reads as the base alone
         self._restarting = False
 
@@ -94,11 +103,13 @@ class SafetyLayer:
             self._last_point = None
             if obs.oom:
                 self._levels = []  # a restarted job's base may differ
+                self._stage_levels = []
             return
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
         self._levels = [*self._levels[-(LEVEL_TICKS - 1):], (sum(s.workers for s in obs.stages), outside)]
         by_stage = {s.name: s.workers for s in obs.stages}
         vector = np.array([by_stage.get(self._stages[k], 0) for k in self._cpu], dtype=float)
+        self._stage_levels = [*self._stage_levels[-(STAGE_LEVEL_TICKS - 1):], (vector, outside)]
         if self._last_point is not None:
             moved, dm = vector - self._last_point[0], outside - self._last_point[1]
             dw = int(moved.sum())
@@ -119,6 +130,7 @@ class SafetyLayer:
             "still": [float(d) for d in self._still],
             "levels": [[int(w), float(m)] for w, m in self._levels],
             "stage_changes": [[np.asarray(moved, dtype=float), float(dm)] for moved, dm in self._stage_changes],
+            "stage_levels": [[np.asarray(w, dtype=float), float(m)] for w, m in self._stage_levels],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -128,7 +140,9 @@ class SafetyLayer:
         self._still = [float(d) for d in state["still"]]
         self._levels = [(int(w), float(m)) for w, m in state["levels"]]
         self._stage_changes = [(np.asarray(moved, dtype=float), float(dm)) for moved, dm in state["stage_changes"]]
-        for moved, _ in self._stage_changes:
+        # a state saved before the per-stage levels were kept has none: they are measured again
+        self._stage_levels = [(np.asarray(w, dtype=float), float(m)) for w, m in state.get("stage_levels", [])]
+        for moved, _ in [*self._stage_changes, *self._stage_levels]:
             if moved.shape != (len(self._cpu),):
                 raise ValueError(
                     f"safety layer state: a worker change over {moved.shape[0]} CPU knobs, this layer has {len(self._cpu)}"
@@ -224,19 +238,20 @@ class SafetyLayer:
 
     def stage_worker_bytes(self, obs: Observation) -> np.ndarray:
         """Per knob, what one more worker of that knob's stage may cost: never less than
-        ``worker_memory_bytes``, and ``PROBE_WORKER_BYTES`` for a stage whose workers have not moved
-        yet. (Buffer knobs: 1 MB.)
+        ``worker_memory_bytes``, and the stage's probe (``probe_bytes``) for a stage whose workers have
+        not moved yet. (Buffer knobs: 1 MB.)
 
         One slope for every stage under-prices the expensive ones: a slope learned mostly from light
         thread workers prices heavy process workers far too low. Here each stage's slope is a least-squares fit of
         the memory changes on the per-stage worker changes (ridge-regularised, so stages that always
-        moved together share a wide error), plus two standard errors.
+        moved together share a wide error), plus two standard errors; where lower, the bound fitted on
+        each stage's levels (``_stage_level_bounds``).
         """
         if self._stage_bytes is not None and self._stage_bytes[0] is obs:
             return self._stage_bytes[1]
         pooled = self.worker_memory_bytes(obs)
         out = np.full(len(self.knobs), float(MB))
-        price = np.full(len(self._cpu), max(pooled, float(PROBE_WORKER_BYTES)))
+        price = np.maximum(pooled, self.probe_bytes(obs)[self._cpu])
         if self._stage_changes:
             x = np.array([c[0] for c in self._stage_changes])
             y = np.array([c[1] for c in self._stage_changes])
@@ -246,10 +261,54 @@ class SafetyLayer:
             slope = inverse @ (xm.T @ y)
             error = 2.0 * self._noise(obs) * np.sqrt(np.diag(inverse))
             price[moved] = np.maximum(pooled, slope + error)
+            price = np.minimum(price, self._stage_level_bounds(obs))
         out[self._cpu] = price
         out.flags.writeable = False
         self._stage_bytes = (obs, out)
         return out
+
+    def probe_bytes(self, obs: Observation) -> np.ndarray:
+        """Per knob, what one added worker of its stage is assumed to cost at most before it is measured:
+        ``PROBE_THREAD_WORKER_BYTES`` where the stage declares thread workers (they share the process's
+        memory), else ``PROBE_WORKER_BYTES`` (a process worker, or a stage that does not say)."""
+        if self._probe is not None and self._probe[0] is obs:
+            return self._probe[1]
+        modes = {s.name: s.mode for s in obs.stages}
+        out = np.array([PROBE_THREAD_WORKER_BYTES if modes.get(stage) == "thread" else PROBE_WORKER_BYTES
+                        for stage in self._stages], dtype=float)
+        out.flags.writeable = False
+        self._probe = (obs, out)
+        return out
+
+    def _stage_level_bounds(self, obs: Observation) -> np.ndarray:
+        """Per CPU knob, an upper confidence bound of what one of its stage's workers costs, fitted by
+        least squares (an intercept, the base, and a slope per stage) on the levels of memory outside
+        buffers over the last ``STAGE_LEVEL_TICKS`` ticks: the slope plus two standard errors, the error
+        from the residuals, never less than one reading's noise. Infinite (no bound) for a stage whose
+        workers did not vary there, and for every stage with too few points.
+
+        Behind a large base with a noisy reading, tick-to-tick changes give a light stage's worker an
+        error of hundreds of MB, and the bound fitted on all stages' levels forgets a ramp once the
+        workers stop; each stage's own ramp, kept longer, still measures it.
+        """
+        bounds = np.full(len(self._cpu), np.inf)
+        levels = self._stage_levels
+        if not levels:
+            return bounds
+        x = np.array([w for w, _ in levels])
+        varied = np.flatnonzero(x.std(axis=0) > 0)
+        n = len(levels)
+        if not len(varied) or n - len(varied) - 1 < LEVEL_MIN_POINTS:
+            return bounds
+        xc = x[:, varied] - x[:, varied].mean(axis=0)
+        y = np.array([m for _, m in levels])
+        yc = y - y.mean()
+        inverse = np.linalg.inv(xc.T @ xc + 1e-9 * np.eye(len(varied)))
+        slope = inverse @ (xc.T @ yc)
+        rss = float(np.sum((yc - xc @ slope) ** 2))
+        sigma = max(math.sqrt(rss / (n - len(varied) - 1)), self._noise(obs) / math.sqrt(2.0))
+        bounds[varied] = np.maximum(slope, 0.0) + 2.0 * sigma * np.sqrt(np.diag(inverse))
+        return bounds
 
     def worst_case_memory(self, obs: Observation, values: Sequence[int]) -> float:
         """Memory if every buffer filled to its knob's size (never less than what is used now)."""
@@ -385,8 +444,8 @@ class SafetyLayer:
         room = np.where(self._is_cpu, self.worker_budget(obs, values, budget), budget)[:, None]
         # each added worker at its own stage's price (stage_worker_bytes), a buffer step at 1 MB
         cost = step * np.where(self._is_cpu, self.stage_worker_bytes(obs), float(MB))[:, None]
-        probe = self._is_cpu[:, None] & (step == 1)  # one +1 per tick is priced at most PROBE_WORKER_BYTES
-        cost = np.where(probe, np.minimum(cost, PROBE_WORKER_BYTES), cost)
+        probe = self._is_cpu[:, None] & (step == 1)  # one +1 per tick is priced at most its probe
+        cost = np.where(probe, np.minimum(cost, self.probe_bytes(obs)[:, None]), cost)
         # a worker may be added if the free CPUs, plus what the other stages could give up this tick, allow it
         movable = np.minimum(v[:, 0] - lo[:, 0], int(-self.deltas.min())) * self._is_cpu
         cpu_ok = ~self._is_cpu[:, None] | (step <= max(free_cpus, 0) + (movable.sum() - movable)[:, None])
@@ -440,7 +499,8 @@ class SafetyLayer:
         ``mask`` prices a lone +1: at its stage's bound, the probe at most."""
         if not self._is_cpu[k] or values[k] + 1 > self.knobs[k].max:
             return False
-        return min(float(self.stage_worker_bytes(obs)[k]), PROBE_WORKER_BYTES) <= self.worker_budget(obs, values)
+        price = min(float(self.stage_worker_bytes(obs)[k]), float(self.probe_bytes(obs)[k]))
+        return price <= self.worker_budget(obs, values)
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:
@@ -452,7 +512,7 @@ class SafetyLayer:
         Memory: then, increases whose memory does not fit the budget are dropped, least preferred
         first. Each added worker is priced at its own stage's slope (``stage_worker_bytes``): a slope
         pooled over all stages, learned mostly on light thread workers, under-prices a process worker
-        (one +1 per tick may be priced at ``PROBE_WORKER_BYTES`` at most).
+        (one +1 per tick may be priced at its probe at most, ``probe_bytes``).
         """
         values = [k.value for k in self.knobs] if values is None else list(values)
         unit = self.units(obs)
@@ -474,7 +534,7 @@ class SafetyLayer:
             for k in rising[np.argsort(-advantage, kind="stable")]:
                 c = cost[k]
                 if self._is_cpu[k] and moves[k] == 1 and probing and c > mem_budget:
-                    c, probing = min(c, PROBE_WORKER_BYTES), False
+                    c, probing = min(c, float(self.probe_bytes(obs)[k])), False
                 if c <= mem_budget:
                     mem_budget -= c
                 else:

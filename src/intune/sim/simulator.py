@@ -260,6 +260,7 @@ class Simulator:
                 )
         self._stage_names = [s.name for s in spec.stages]
         self._kinds = [observed_kind(s.kind) for s in spec.stages]
+        self._modes = [s.mode for s in spec.stages]
         self._demand = self.params.demand
         self._ghz = spec.machine.cpu_ghz
         self._bw = spec.machine.mem_bandwidth_gbs
@@ -568,6 +569,7 @@ class Simulator:
                 self._buffered.tolist(),
                 [False] * n,
                 self._kinds,
+                self._modes,
             )
         )
         if pool is not None:
@@ -632,9 +634,9 @@ class Simulator:
     def _idle_observation(self, t: int, cpus: int, mem: float, oom: bool) -> Observation:
         p = self.params
         stages = tuple(
-            StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0, kind=kind)
-            for name, w, b, bpi, kind in zip(
-                self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item, self._kinds, strict=True
+            StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0, kind=kind, mode=mode)
+            for name, w, b, bpi, kind, mode in zip(
+                self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item, self._kinds, self._modes, strict=True
             )
         )
         pool = self.remote_pool
