@@ -161,6 +161,7 @@ def test_tune_report_gives_the_median_and_range_of_several_rounds() -> None:
     intune = _table_row(text, "intune")
     assert intune[2:4] == ["0.70 (0.50–0.90 over 3 runs)", "20 (8–never over 3 runs)"]  # a round that never got there is the latest
     assert intune[7] == "yes in 1 of 3"
+    assert tune_live._rounds_cell([None, None], ".0f") == "never (2 runs)"
     assert "ran 3 times per benchmark, interleaved" in text
     with pytest.raises(SystemExit, match="--rounds must be at least 1"):
         tune_live.run(argparse.Namespace(policies="heuristic", only="convergence", quick=True, tick=1.0, rounds=0,

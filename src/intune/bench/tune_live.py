@@ -619,6 +619,8 @@ def _rounds_cell(values: Sequence[Any], fmt: str) -> str:
         return _fmt(hits == len(values), fmt) if hits in (0, len(values)) else f"yes in {hits} of {len(values)}"
     if not all(v is None or isinstance(v, (int, float)) for v in values):
         return " / ".join("never" if v is None else _fmt(v, fmt) for v in values)
+    if all(v is None for v in values):
+        return f"never ({len(values)} runs)"
     numbers = sorted(float("inf") if v is None else float(v) for v in values)
     median = statistics.median(numbers)
 
