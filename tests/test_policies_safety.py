@@ -366,3 +366,22 @@ def test_a_stage_ramp_behind_a_noisy_base_prices_its_workers_long_after_they_sto
     assert again.stage_worker_bytes(obs)[0] == price[0]
     legacy = {k: v for k, v in state.items() if k != "stage_levels"}
     SafetyLayer(_knobs(values), DELTAS, margin=0.8).load_state_dict(legacy)
+
+
+def test_the_level_fit_runs_only_where_the_coarse_price_binds(monkeypatch):
+    # with room to spare every move fits at the coarse price, which the level fit only lowers: it is
+    # not computed; where memory binds it is, and the mask is what the refined prices allow
+    values = {"a.workers": 1, "b.workers": 1}
+    safety, used = _with_a_measured_at_60_mb(values)
+    calls = []
+    fit = SafetyLayer._stage_level_bounds
+    monkeypatch.setattr(SafetyLayer, "_stage_level_bounds", lambda self, obs: calls.append(1) or fit(self, obs))
+    loose = _obs(values, cpus=256, used_gb=used, limit_gb=4 * used)
+    mask = safety.mask(loose)
+    scores = np.zeros((2, 5))
+    scores[:, 4] = 1.0
+    safety.select(scores, mask, loose, list(values.values()))
+    assert mask[:, 4].all() and not calls
+    tight = _obs(values, cpus=256, used_gb=used, limit_gb=(used + 0.3) / 0.8)
+    safety.mask(tight)
+    assert calls

@@ -87,6 +87,7 @@ class SafetyLayer:
         self._units: tuple[Observation, np.ndarray] | None = None
         self._worker_bytes: tuple[Observation, float] | None = None
         self._stage_bytes: tuple[Observation, np.ndarray] | None = None
+        self._coarse_bytes: tuple[Observation, np.ndarray] | None = None
         self._noise_of: tuple[Observation, float] | None = None
         self._probe: tuple[Observation, np.ndarray] | None = None
         # from an OOM until rows flow again: the job restarts, and its memory reads as the base alone
@@ -97,7 +98,7 @@ class SafetyLayer:
         """Learn what a worker costs from how memory outside buffers moved with the worker count,
         and how noisy the memory reading is from how it moved while the workers did not."""
         self._worker_bytes = None
-        self._stage_bytes = None
+        self._stage_bytes = self._coarse_bytes = None
         self._restarting = obs.oom or (self._restarting and obs.throughput <= 0)
         if obs.oom or obs.throughput <= 0:
             self._last_point = None
@@ -148,7 +149,7 @@ class SafetyLayer:
                     f"safety layer state: a worker change over {moved.shape[0]} CPU knobs, this layer has {len(self._cpu)}"
                 )
         self._last_point = None
-        self._worker_bytes = self._stage_bytes = self._noise_of = self._units = None
+        self._worker_bytes = self._stage_bytes = self._coarse_bytes = self._noise_of = self._units = None
 
     @property
     def knows_worker_cost(self) -> bool:
@@ -236,7 +237,7 @@ class SafetyLayer:
         self._noise_of = (obs, value)
         return value
 
-    def stage_worker_bytes(self, obs: Observation) -> np.ndarray:
+    def stage_worker_bytes(self, obs: Observation, refined: bool = True) -> np.ndarray:
         """Per knob, what one more worker of that knob's stage may cost: never less than
         ``worker_memory_bytes``, and the stage's probe (``probe_bytes``) for a stage whose workers have
         not moved yet. (Buffer knobs: 1 MB.)
@@ -245,10 +246,18 @@ class SafetyLayer:
         thread workers prices heavy process workers far too low. Here each stage's slope is a least-squares fit of
         the memory changes on the per-stage worker changes (ridge-regularised, so stages that always
         moved together share a wide error), plus two standard errors; where lower, the bound fitted on
-        each stage's levels (``_stage_level_bounds``).
+        each stage's levels (``_stage_level_bounds``). ``refined=False`` leaves that bound out: never
+        lower, and cheaper to compute, so a caller whose limit holds at that price need not refine it.
         """
-        if self._stage_bytes is not None and self._stage_bytes[0] is obs:
+        if refined:
+            if self._stage_bytes is None or self._stage_bytes[0] is not obs:
+                out = self.stage_worker_bytes(obs, refined=False).copy()
+                out[self._cpu] = np.minimum(out[self._cpu], self._stage_level_bounds(obs))
+                out.flags.writeable = False
+                self._stage_bytes = (obs, out)
             return self._stage_bytes[1]
+        if self._coarse_bytes is not None and self._coarse_bytes[0] is obs:
+            return self._coarse_bytes[1]
         pooled = self.worker_memory_bytes(obs)
         out = np.full(len(self.knobs), float(MB))
         price = np.maximum(pooled, self.probe_bytes(obs)[self._cpu])
@@ -261,10 +270,9 @@ class SafetyLayer:
             slope = inverse @ (xm.T @ y)
             error = 2.0 * self._noise(obs) * np.sqrt(np.diag(inverse))
             price[moved] = np.maximum(pooled, slope + error)
-            price = np.minimum(price, self._stage_level_bounds(obs))
         out[self._cpu] = price
         out.flags.writeable = False
-        self._stage_bytes = (obs, out)
+        self._coarse_bytes = (obs, out)
         return out
 
     def probe_bytes(self, obs: Observation) -> np.ndarray:
@@ -442,10 +450,14 @@ class SafetyLayer:
         free_cpus = int(np.floor(obs.free_cpus + 1e-9))
         budget = self.memory_budget(obs, values)
         room = np.where(self._is_cpu, self.worker_budget(obs, values, budget), budget)[:, None]
-        # each added worker at its own stage's price (stage_worker_bytes), a buffer step at 1 MB
-        cost = step * np.where(self._is_cpu, self.stage_worker_bytes(obs), float(MB))[:, None]
-        probe = self._is_cpu[:, None] & (step == 1)  # one +1 per tick is priced at most its probe
-        cost = np.where(probe, np.minimum(cost, self.probe_bytes(obs)[:, None]), cost)
+        # each added worker at its own stage's price (stage_worker_bytes), a buffer step at 1 MB; one +1
+        # per tick is priced at most its probe. The refined price only where the coarse one is refused
+        probe = self._is_cpu[:, None] & (step == 1)
+        for refined in (False, True):
+            cost = step * np.where(self._is_cpu, self.stage_worker_bytes(obs, refined), float(MB))[:, None]
+            cost = np.where(probe, np.minimum(cost, self.probe_bytes(obs)[:, None]), cost)
+            if not (up & self._is_cpu[:, None] & (cost > room)).any():
+                break
         # a worker may be added if the free CPUs, plus what the other stages could give up this tick, allow it
         movable = np.minimum(v[:, 0] - lo[:, 0], int(-self.deltas.min())) * self._is_cpu
         cpu_ok = ~self._is_cpu[:, None] | (step <= max(free_cpus, 0) + (movable.sum() - movable)[:, None])
@@ -499,8 +511,9 @@ class SafetyLayer:
         ``mask`` prices a lone +1: at its stage's bound, the probe at most."""
         if not self._is_cpu[k] or values[k] + 1 > self.knobs[k].max:
             return False
-        price = min(float(self.stage_worker_bytes(obs)[k]), float(self.probe_bytes(obs)[k]))
-        return price <= self.worker_budget(obs, values)
+        budget = self.worker_budget(obs, values)
+        return any(min(float(self.stage_worker_bytes(obs, refined)[k]), float(self.probe_bytes(obs)[k])) <= budget
+                   for refined in (False, True))
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:
@@ -526,7 +539,9 @@ class SafetyLayer:
         mem_budget = self.worker_budget(obs, values)  # buffers past the margin may only shrink (the mask)
         moves = self.deltas[choice] * unit
         mem_budget -= float(moves[~self._is_cpu & (moves < 0)].sum()) * MB  # shrinking buffers frees memory
-        cost = np.where(self._is_cpu, self.stage_worker_bytes(obs), float(MB)) * np.maximum(moves, 0)
+        cost = np.where(self._is_cpu, self.stage_worker_bytes(obs, False), float(MB)) * np.maximum(moves, 0)
+        if cost.sum() > mem_budget:  # the refined price (never higher) only where the coarse one binds
+            cost = np.where(self._is_cpu, self.stage_worker_bytes(obs), float(MB)) * np.maximum(moves, 0)
         if cost.sum() > mem_budget:
             rising = np.flatnonzero(moves > 0)
             advantage = masked[rising, choice[rising]] - masked[rising, self.zero]
