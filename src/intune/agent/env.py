@@ -145,7 +145,10 @@ def with_waiting_stage(rng: np.random.Generator, sim, gil_share: float = 0.0):
 
     The stage: thread workers, 1-8x the costliest stage's CPU per row, 80-99% of it a wait
     (``random_specs.with_waiting_map_stage``): on I/O, or in ``gil_share`` of the draws on the GIL
-    (then the first stage, a reader that parses in pure Python, may be the one).
+    (then the first stage, a reader that parses in pure Python, may be the one, and its time per row
+    is 0.25-8x the costliest stage's: a GIL-bound parser is often not the costliest stage, and a
+    network shown only costly ones reads a cheap one that floods with workers as a stage waiting on
+    I/O).
     Waiting on I/O, busy all the time on almost no CPU, it needs more workers than the CPUs (the
     runner grants a light stage one past the budget each tick): a state the other draws never show,
     where only the first stage waits. Waiting on the GIL it looks alike but gains nothing from more
@@ -160,8 +163,9 @@ def with_waiting_stage(rng: np.random.Generator, sim, gil_share: float = 0.0):
               if (i > 0 and s.kind in ("map", "udf")) or (on == "gil" and i == 0 and s.kind in ("map", "udf", "read"))]
     if not stages:
         return sim
+    least = math.log(0.25) if on == "gil" else 0.0  # an I/O draw as it always was
     spec = with_waiting_map_stage(sim.spec, int(rng.choice(stages)), float(rng.uniform(0.8, 0.99)),
-                                  float(math.exp(rng.uniform(0.0, math.log(8.0)))), float(rng.uniform(4.0, 32.0)),
+                                  float(math.exp(rng.uniform(least, math.log(8.0)))), float(rng.uniform(4.0, 32.0)),
                                   min_max_workers=4 * sim.schedule.max_cpus, on=on)
     if spec is None:
         return sim
