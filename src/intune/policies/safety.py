@@ -18,12 +18,12 @@ Memory is projected pessimistically: every buffer full to its knob's size, and e
 costing an upper confidence bound of what workers were seen to cost (see ``worker_memory_bytes``);
 until a change has been seen, the memory outside buffers divided by the workers (an upper bound, since
 it includes the base), or the bound fitted on recent levels of memory over workers if lower. In
-``mask`` and ``select`` each added worker is priced at its own stage's bound, never less than that
-pooled one (``stage_worker_bytes``), or fitted on that stage's own levels where lower: the probe a
-worker until that stage's workers have moved (``PROBE_WORKER_BYTES``, or ``PROBE_THREAD_WORKER_BYTES``
-for a stage that declares thread workers). Whatever the estimate, one +1 worker per tick may be priced
-at its probe: each such probe sharpens the estimate, so a tight start never deadlocks. After an OOM nothing grows until
-rows flow again (``worker_budget``).
+``mask`` and ``select`` each added worker is priced at its own stage's bound (``stage_worker_bytes``):
+the fit of its memory changes, never less than that pooled one, or the fit of its own memory levels
+where lower; until that stage's workers have moved, its probe (``PROBE_WORKER_BYTES``, or
+``PROBE_THREAD_WORKER_BYTES`` for a stage that declares thread workers). Whatever the estimate, one +1
+worker per tick may be priced at its probe: each such probe sharpens the estimate, so a tight start
+never deadlocks. After an OOM nothing grows until rows flow again (``worker_budget``).
 """
 
 from __future__ import annotations
