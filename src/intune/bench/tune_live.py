@@ -484,7 +484,7 @@ def run(args: argparse.Namespace) -> int:
 
     policies = _split(args.policies, POLICY_NAMES, "policies") or default_policies()
     only = _split(args.only, BENCHMARKS, "benchmarks") or list(BENCHMARKS)
-    rounds = int(getattr(args, "rounds", 1))
+    rounds = int(args.rounds)
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
     settings = Settings.make(bool(args.quick), float(args.tick))

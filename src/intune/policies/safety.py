@@ -238,9 +238,9 @@ class SafetyLayer:
         return value
 
     def stage_worker_bytes(self, obs: Observation, refined: bool = True) -> np.ndarray:
-        """Per knob, what one more worker of that knob's stage may cost: never less than
-        ``worker_memory_bytes``, and the stage's probe (``probe_bytes``) for a stage whose workers have
-        not moved yet. (Buffer knobs: 1 MB.)
+        """Per knob, what one more worker of that knob's stage may cost: while its workers have not
+        moved, the larger of its probe (``probe_bytes``) and ``worker_memory_bytes``; after, never less
+        than ``worker_memory_bytes`` unless the stage's own levels bound it lower. (Buffer knobs: 1 MB.)
 
         One slope for every stage under-prices the expensive ones: a slope learned mostly from light
         thread workers prices heavy process workers far too low. Here each stage's slope is a least-squares fit of
