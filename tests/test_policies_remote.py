@@ -15,6 +15,7 @@ from intune.policies.plumber import solve_remote_lp
 from intune.policies.remote_sizing import (
     REMOTE_MIN_GAIN,
     RemoteSizer,
+    binds_on_waiting_stage,
     demand_gap,
     read_remote_stage,
     remote_pays,
@@ -261,3 +262,30 @@ def test_the_network_sees_the_local_knobs_only_and_the_sizer_the_remote_one():
 def test_the_sizer_refuses_a_pipeline_without_remote_knobs():
     with pytest.raises(ValueError, match="remote knob"):
         RemoteSizer({"udf.workers": Knob("udf.workers", "cpu", 1, 8, lambda: 1, lambda v: None)})
+
+
+def _saturated_behind(parse_workers: int) -> Observation:
+    """8 CPUs, 7.4 used: a parser busy all the time on 2.1 CPUs binds; the remote stage ``udf`` is busy 0.8."""
+    items = 500.0  # chunks/s of 1,000 rows
+
+    def stage(name, workers, busy, cpu, **extra):
+        return StageObservation(name, workers, 0, items, items * 1000, cpu / items, workers * busy / items, 0.0,
+                                busy, 0.0, 0.0, 0.5, 0.0, **extra)
+
+    stages = (stage("parse", parse_workers, 1.0, 2.1, mode="thread"),
+              stage("udf", 5, 0.8, 4.0, remote_workers=0),
+              stage("batch", 2, 0.5, 1.3))
+    return Observation(1, 1.0, items * 1000, 0.0, 8.0, 1e9, 1e10, stages, remote_cpus=32.0)
+
+
+@pytest.mark.parametrize("parse_workers, adds", [(30, False), (3, True)])
+def test_saturated_cpus_call_for_remote_workers_only_where_the_binding_stage_computes(parse_workers, adds):
+    # 30 parser workers using 2.1 CPUs wait (0.07 CPU each, on the GIL): the CPUs a remote udf worker frees
+    # buy no row; 3 using them (0.7 each) compute, and would use what it frees
+    knob = Knob("udf.remote_workers", "cpu", 0, 64, lambda: 0, lambda v: None)
+    sizer = RemoteSizer({"udf.remote_workers": knob})
+    obs = _saturated_behind(parse_workers)
+    assert binds_on_waiting_stage(obs, "udf") == (None if adds else "parse")
+    sizer.reset(obs)
+    requests = [sizer.step(dataclasses.replace(obs, tick=t)) for t in range(1, 40)]
+    assert any(requests) == adds

@@ -181,6 +181,25 @@ def read_remote_stage(obs: Observation, stage: str) -> RemoteReading:
     )
 
 
+def binds_on_waiting_stage(obs: Observation, stage: str) -> str | None:
+    """The stage that binds the pipeline elsewhere while its workers wait, if there is one: the busiest
+    stage, busy at least ``SATURATED``, not ``stage`` (which is itself less busy), whose busy workers
+    use less than ``WAITING_SHARE`` of a CPU each (a GIL, a lock, I/O).
+
+    Why: a remote worker raises the rows/s behind a saturated machine only by freeing local CPUs for
+    the stage that binds; a binding stage whose workers wait on something else than the CPUs gains
+    nothing from free CPUs (more of its own workers, the local policy's move, is what could help)."""
+    own = obs.stage(stage)
+    busiest = max(obs.stages, key=lambda s: s.busy)
+    if busiest.name == stage or busiest.busy < SATURATED or own.busy >= busiest.busy:
+        return None
+    busy_workers = busiest.busy * busiest.workers
+    cpu = busiest.cpu_s_per_item * busiest.items_per_s
+    if busy_workers <= 0 or cpu / busy_workers >= WAITING_SHARE:
+        return None
+    return busiest.name
+
+
 def remote_knobs(knobs: Mapping[str, Knob]) -> dict[str, Knob]:
     """The remote knobs (``Knob.remote``) by name."""
     return {n: k for n, k in knobs.items() if k.remote}
@@ -222,6 +241,9 @@ class RemoteSizer:
     - unknown demand, the local CPUs saturated or the stage the bottleneck: add a step of workers
       expected to raise the rows/s by ``STEP_SHARE`` and keep it if it pays (``remote_pays``), else undo
       it and wait; every ``PROBE_EVERY`` settled ticks shed a step, and restore it if it was paying.
+
+    Saturated local CPUs do not count where another stage binds whose workers wait rather than compute
+    (``binds_on_waiting_stage``): the CPUs a remote worker frees would buy nothing there.
 
     Several remote stages: the one whose local rows cost the most CPU is sized, the others hold.
     """
@@ -371,8 +393,10 @@ class RemoteSizer:
                 self._fail()
                 self.last_action = "shed_idle"
                 return keep
-        saturated = reading.local_cpus_used >= SATURATED * obs.cpus
-        neck = obs.stage(self.knobs[name].stage)
+        stage = self.knobs[name].stage
+        # saturated local CPUs call for remote workers only where the CPUs they free can raise the rows/s
+        saturated = reading.local_cpus_used >= SATURATED * obs.cpus and binds_on_waiting_stage(obs, stage) is None
+        neck = obs.stage(stage)
         # the stage binds and its local workers cannot grow into free CPUs: there are none, or its busy
         # workers wait rather than compute (more of them would not use the CPUs)
         bottleneck = (neck.busy >= SATURATED and neck.busy >= max(s.busy for s in obs.stages)
