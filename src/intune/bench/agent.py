@@ -2,7 +2,8 @@
 
 Every shipped simulator workload (``list_workloads()`` without ``ladder``) and ``--held-out`` random specs
 from each ``--held-out-seed`` (seeds pretraining never draws: it draws from its ``--seed`` and
-seed + 1,000,003), over the paper's resize schedule 32 -> 64 -> 128 -> 64 -> 32 at each ``--period``.
+seed + 1,000,003), ``--waiting`` more from each such seed with a map stage that waits (``waiting_specs``),
+over the paper's resize schedule 32 -> 64 -> 128 -> 64 -> 32 at each ``--period``.
 Each (workload, policy, period) episode goes through ``intune.sim.run_episode`` and is scored against
 the phase optimum by ``intune.agent.evaluate.score_episode``: mean model throughput / mean optimum, OOM
 ticks, ticks to 95% of the optimum per phase. Then a per-policy summary, the OOMs of ``intune``, ``steer``
@@ -33,6 +34,9 @@ from intune.results import format_table, machine_info, write_json
 HELD_OUT_SEEDS = (20_231_117, 777)
 """Seeds of the held-out random specs; pretraining draws from its --seed (0 for the shipped weights) and
 seed + 1,000,003, never these. 777 is the reviewer's."""
+WAITING_STREAM = 1
+"""The held-out seed's second stream (``default_rng([seed, WAITING_STREAM])``) draws the specs with a
+waiting map stage, so that they are neither the held-out specs nor pretraining's."""
 OOM_SEED = 20_231_118  # the tight-memory episodes' generator (the old benchmark's HELD_OUT_SEED + 1)
 POLICIES = (
     "intune",
@@ -83,6 +87,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         + ", which pretraining never draws)",
     )
     parser.add_argument(
+        "--waiting",
+        type=int,
+        default=None,
+        metavar="N",
+        help="random specs with a map stage that waits on I/O or the GIL from each held-out seed "
+        "(default 10, quick 4; 0 skips them)",
+    )
+    parser.add_argument(
         "--ablation",
         action="append",
         default=[],
@@ -126,6 +138,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the runs
+
+
+def waiting_specs(seed: int, n: int) -> list:
+    """``n`` random specs (3 to 8 stages) each with one map stage that waits, on I/O (the even ones) or on
+    the GIL (the odd ones), as pretraining's ``--waiting-share`` draws them
+    (``agent.env.with_waiting_stage``), from the held-out seed's ``WAITING_STREAM``.
+
+    Why: the held-out specs' stages wait only in the first one (a reader). A stage that fetches rows
+    after a cheap source (ids, then a store) is busy on little CPU and needs more workers than the
+    CPUs, as the live benchmark's pipeline does; one that waits on the GIL looks alike and gains
+    nothing from them. Without these the benchmark cannot see either."""
+    from intune.agent.env import with_waiting_stage
+    from intune.sim import Simulator, paper_schedule, random_workload
+
+    rng = np.random.default_rng([seed, WAITING_STREAM])
+    out = []
+    while len(out) < n:
+        spec = random_workload(rng, min_stages=3, name=f"waiting-{seed}-{len(out)}")
+        sim = Simulator(spec, cpus=paper_schedule(period_ticks=1), seed=0)
+        waiting = with_waiting_stage(rng, sim, gil_share=float(len(out) % 2))  # I/O, GIL, I/O, ...
+        if waiting is not sim:
+            out.append(waiting.spec)
+    return out
 
 
 def build_policy(name: str, ablations: dict[str, str]):
@@ -282,11 +317,13 @@ def _mean_worst(rows: list[dict[str, Any]]) -> tuple[float | None, float | None,
     )
 
 
-def _by_spec(rows: list[dict[str, Any]], policy: str, period: int) -> dict[str, dict[str, Any]]:
+def _by_spec(
+    rows: list[dict[str, Any]], policy: str, period: int, group: str = "held-out"
+) -> dict[str, dict[str, Any]]:
     return {
         r["workload"]: r
         for r in rows
-        if r["policy"] == policy and r["period"] == period and r["group"] == "held-out"
+        if r["policy"] == policy and r["period"] == period and r["group"] == group
     }
 
 
@@ -298,10 +335,11 @@ def is_agent(name: str) -> bool:
 def summarize(
     rows: list[dict[str, Any]], policies: Sequence[str], periods: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """Per period and policy: mean and worst ratio to the phase optimum on shipped and on held-out specs,
-    phases at 95% within ``WITHIN_TICKS`` ticks, OOM ticks; for the agent's rows also, over the held-out
-    specs where autotune had no OOM, the worst intune / autotune and how many are below ``BELOW``, and
-    the mean intune / steer over the held-out specs."""
+    """Per period and policy: mean and worst ratio to the phase optimum on shipped, on held-out specs and
+    on the specs with a waiting stage, phases at 95% within ``WITHIN_TICKS`` ticks, OOM ticks; for the
+    agent's rows also, over the held-out specs where autotune had no OOM, the worst intune / autotune and
+    how many are below ``BELOW``, and the mean intune / steer over the held-out specs and over the
+    waiting ones."""
     out = []
     for period in periods:
         for name in policies:
@@ -310,6 +348,7 @@ def summarize(
                 continue
             shipped = _mean_worst([r for r in sel if r["group"] == "shipped"])
             held = _mean_worst([r for r in sel if r["group"] == "held-out"])
+            waiting = _mean_worst([r for r in sel if r["group"] == "waiting"])
             conv = [c for r in sel for c in r["convergence_ticks"]]
             row: dict[str, Any] = {
                 "section": "summary",
@@ -323,6 +362,10 @@ def summarize(
                 "held_out_mean": held[0],
                 "held_out_worst": held[1],
                 "held_out_worst_workload": held[2],
+                "waiting_n": sum(r["group"] == "waiting" for r in sel),
+                "waiting_mean": waiting[0],
+                "waiting_worst": waiting[1],
+                "waiting_worst_workload": waiting[2],
                 "phases_within_30": f"{_within(conv)}/{len(conv)}",
                 "phases_within_30_share": _within(conv) / len(conv) if conv else None,
                 "ooms": int(sum(r["ooms"] for r in sel)),
@@ -342,11 +385,8 @@ def versus(rows: list[dict[str, Any]], name: str, period: int) -> dict[str, Any]
         for w, a in auto.items()
         if w in mine and a["ooms"] == 0 and a["optimum_ratio"] > 0
     )
-    vs_steer = [
-        mine[w]["optimum_ratio"] / s["optimum_ratio"]
-        for w, s in steer.items()
-        if w in mine and s["optimum_ratio"] > 0
-    ]
+    vs_steer = _ratios(mine, steer)
+    vs_steer_waiting = _ratios(_by_spec(rows, name, period, "waiting"), _by_spec(rows, "steer", period, "waiting"))
     return {
         "vs_autotune_specs": len(vs_auto),
         "vs_autotune_min": vs_auto[0][0] if vs_auto else None,
@@ -354,7 +394,14 @@ def versus(rows: list[dict[str, Any]], name: str, period: int) -> dict[str, Any]
         "vs_autotune_below_0.98": sum(v < BELOW for v, _ in vs_auto),
         "vs_steer_specs": len(vs_steer),
         "vs_steer_mean": float(np.mean(vs_steer)) if vs_steer else None,
+        "vs_steer_waiting_specs": len(vs_steer_waiting),
+        "vs_steer_waiting_mean": float(np.mean(vs_steer_waiting)) if vs_steer_waiting else None,
     }
+
+
+def _ratios(mine: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> list[float]:
+    """Per spec both ran: my ratio to the optimum / theirs (specs where theirs is 0 left out)."""
+    return [mine[w]["optimum_ratio"] / t["optimum_ratio"] for w, t in theirs.items() if w in mine and t["optimum_ratio"] > 0]
 
 
 def losses(rows: list[dict[str, Any]], periods: Sequence[int], name: str = "intune") -> list[str]:
@@ -429,6 +476,7 @@ def run(args: argparse.Namespace) -> int:
 
     periods = list(dict.fromkeys(args.period or ((60,) if args.quick else PERIODS)))
     n_held = args.held_out if args.held_out is not None else (8 if args.quick else 40)
+    n_waiting = args.waiting if args.waiting is not None else (4 if args.quick else 10)
     seeds = list(dict.fromkeys(args.held_out_seed or HELD_OUT_SEEDS))
     oom_episodes = args.oom_episodes if args.oom_episodes is not None else (100 if args.quick else 1000)
     oom_ticks = args.oom_ticks or (60 if args.quick else 120)
@@ -436,13 +484,14 @@ def run(args: argparse.Namespace) -> int:
     for flag, value, low in (
         ("--oom-episodes", oom_episodes, 0),
         ("--held-out", n_held, 0),
+        ("--waiting", n_waiting, 0),
         ("--jobs", jobs, 1),
         ("--decision-ticks", args.decision_ticks, 0),
         ("--oom-ticks", oom_ticks, 1),
         *(("--period", p, 1) for p in periods),
     ):
         if value < low:
-            skip = " (0 skips that section)" if low == 0 and flag != "--held-out" else ""
+            skip = " (0 skips that section)" if low == 0 and flag not in ("--held-out", "--waiting") else ""
             raise SystemExit(f"{flag} must be >= {low}{skip}, got {value}")
     ablations = _ablations(args.ablation)
     wanted = args.policies.split(",") if args.policies else list(POLICIES)
@@ -455,7 +504,12 @@ def run(args: argparse.Namespace) -> int:
     for seed in seeds:
         rng = np.random.default_rng(seed)
         held_out += [(random_workload(rng, name=f"held-out-{seed}-{i}"), seed) for i in range(n_held)]
-    specs = [(s, "shipped", None) for s in shipped] + [(s, "held-out", seed) for s, seed in held_out]
+    waiting = [(s, seed) for seed in seeds for s in waiting_specs(seed, n_waiting)]
+    specs = [
+        *((s, "shipped", None) for s in shipped),
+        *((s, "held-out", seed) for s, seed in held_out),
+        *((s, "waiting", seed) for s, seed in waiting),
+    ]
     tasks = [
         (spec, group, hseed, name, ablations, period, args.seed)
         for period in periods
@@ -463,7 +517,8 @@ def run(args: argparse.Namespace) -> int:
         for name in policies
     ]
     print(
-        f"== {len(shipped)} shipped + {len(held_out)} held-out workloads x {len(policies)} policies x "
+        f"== {len(shipped)} shipped + {len(held_out)} held-out + {len(waiting)} waiting workloads x "
+        f"{len(policies)} policies x "
         f"periods {', '.join(map(str, periods))}: {len(tasks)} episodes, {jobs} jobs ==",
         flush=True,
     )
@@ -542,6 +597,7 @@ def run(args: argparse.Namespace) -> int:
         "periods": periods,
         "held_out_seeds": seeds,
         "held_out_per_seed": n_held,
+        "waiting_per_seed": n_waiting,
         "oom_episodes": oom_episodes,
         "oom_ticks": oom_ticks,
         "jobs": jobs,
@@ -551,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {write_json(args.json, results, **extra)}")
     if args.md:
-        context = _context(shipped, seeds, n_held, periods, jobs, wall, notes)
+        context = _context(shipped, seeds, n_held, n_waiting, periods, jobs, wall, notes)
         report = md_report.agent_report(
             md_report.command_line(("bench", "agent")),
             machine_info(),
@@ -577,22 +633,27 @@ def _print_summary(summary: list[dict[str, Any]]) -> None:
                 "shipped_worst",
                 "held_out_mean",
                 "held_out_worst",
+                "waiting_mean",
+                "waiting_worst",
                 "phases_within_30",
                 "ooms",
                 "vs_autotune_min",
                 "vs_autotune_below_0.98",
                 "vs_steer_mean",
+                "vs_steer_waiting_mean",
             ],
         )
     )
 
 
-def _context(shipped, seeds, n_held, periods, jobs, wall, notes) -> list[str]:
+def _context(shipped, seeds, n_held, n_waiting, periods, jobs, wall, notes) -> list[str]:
     return [
         f"Paper resize schedule 32 -> 64 -> 128 -> 64 -> 32 CPUs, {' and '.join(map(str, periods))} ticks per phase.",
         f"Shipped workloads ({len(shipped)}): {', '.join(s.name for s in shipped)}.",
         f"Held-out: {n_held} random specs from each of the seeds {', '.join(map(str, seeds))} (pretraining draws "
         "from its --seed and seed + 1,000,003).",
+        f"Waiting: {n_waiting} random specs from each of those seeds' second stream with one map stage that waits, "
+        "on I/O (half of them) or on the GIL, as pretraining's --waiting-share draws them (`waiting_specs`).",
         "Ratio: mean model throughput / mean phase optimum (`sim.optimum(cpus, objective='throughput')`: the most "
         "rows/s of any allocation that cannot OOM, at the current CPUs, refreshed every "
         f"120 ticks); a phase converges when it holds 95% of its optimum, counted within {WITHIN_TICKS} ticks.",

@@ -138,6 +138,9 @@ def agent_report(
             "held-out: mean / worst": _mean_worst_cell(
                 r["held_out_mean"], r["held_out_worst"], r["held_out_worst_workload"]
             ),
+            "a waiting stage: mean / worst": _mean_worst_cell(
+                r.get("waiting_mean"), r.get("waiting_worst"), r.get("waiting_worst_workload")
+            ),
             "phases at 95% within 30 ticks": (
                 f"{r['phases_within_30']} ({r['phases_within_30_share']:.0%})"
                 if r["phases_within_30_share"] is not None
@@ -152,8 +155,9 @@ def agent_report(
             "Summary",
             [
                 "Ratio to the phase optimum (mean model throughput / mean optimum), the mean weighing each workload",
-                "alike; worst with its workload. Phases: those reaching 95% of their optimum within 30 ticks of their",
-                "start, over every workload. OOMs: ticks killed, over every workload.",
+                "alike; worst with its workload. Held-out and waiting specs: random ones (the waiting ones with a map",
+                "stage that waits on I/O or the GIL). Phases: those reaching 95% of their optimum within 30 ticks of",
+                "their start, over every workload. OOMs: ticks killed, over every workload.",
             ],
             table,
         )
@@ -165,7 +169,8 @@ def agent_report(
                 "The agent against autotune and steer on the held-out specs",
                 [
                     "Per held-out spec where autotune had no OOM: the agent's ratio / autotune's, the worst and how many",
-                    "are below 0.98; and the mean of its ratio / steer's over the held-out specs (- where steer did not run).",
+                    "are below 0.98; and the mean of its ratio / steer's over the held-out specs and over the waiting ones",
+                    "(- where steer did not run).",
                 ],
                 [
                     {
@@ -178,6 +183,7 @@ def agent_report(
                         ),
                         "below 0.98": f"{r['vs_autotune_below_0.98']} of {r['vs_autotune_specs']}",
                         "/ steer: mean": _num(r["vs_steer_mean"]),
+                        "/ steer on the waiting specs: mean": _num(r.get("vs_steer_waiting_mean")),
                     }
                     for r in agents
                 ],
