@@ -10,8 +10,9 @@ from intune.agent.dqn import new_network
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import DaggerPolicy, imitate
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import label_weights, teacher_choice
+from intune.agent.teacher import label_weights, neighbours_of, teacher_choice
 from intune.monitor.observation import Observation, StageObservation
+from intune.policies.runner import Runner
 from intune.policies.safety import SafetyLayer
 from intune.sim.episode import run_episode
 from intune.sim.simulator import Simulator
@@ -63,6 +64,39 @@ def test_a_label_weighs_the_throughput_its_knob_loses_if_it_stays():
     assert label_weights(throughput_of, target, ["a", "b"], [6, 9], 0.02, 0.05) == pytest.approx([0.05, 1.0])
     # more workers than the target that cost nothing weigh the floor too
     assert label_weights(throughput_of, target, ["a", "b"], [5, 20], 0.02, 0.05) == pytest.approx([0.05, 0.05])
+
+
+def test_a_knob_at_its_target_weighs_what_its_costlier_move_one_step_away_would_cost():
+    # throughput 1000 - (a - 5)^2 - 40 * max(0, 10 - b), the target a=5, b=10 (as above)
+    def throughput_of(alloc):
+        return 1000.0 - (alloc["a"] - 5) ** 2 - 40.0 * max(0, 10 - alloc["b"])
+
+    target = {"a": 5, "b": 10}
+    # a at 4 or 6 loses 1/1000 -> 0.05; b at 9 loses 40/1000 -> 2, clipped to 1 (at 11 it loses nothing)
+    assert label_weights(throughput_of, target, ["a", "b"], [5, 10], 0.02, 0.05,
+                         neighbours=[[4, 6], [9, 11]]) == pytest.approx([0.05, 1.0])
+    # a neighbour outside the knob's bounds is not offered: b's only move is up, which costs nothing
+    assert label_weights(throughput_of, target, ["a", "b"], [5, 10], 0.02, 0.05,
+                         neighbours=[[4, 6], [11]]) == pytest.approx([0.05, 0.05])
+    # without neighbours a knob at its target weighs the floor; a knob off it is priced as before
+    assert label_weights(throughput_of, target, ["a", "b"], [5, 10], 0.02, 0.05) == pytest.approx([0.05, 0.05])
+    assert label_weights(throughput_of, target, ["a", "b"], [7, 10], 0.02, 0.05,
+                         neighbours=[[6, 8], [9, 11]]) == pytest.approx([0.2, 1.0])
+    # one worker past the target of a stage whose workers compute holds 1 of 8 CPUs: 1 / 8 / 0.5 = 0.25
+    assert label_weights(lambda alloc: 1000.0, {"a": 2}, ["a"], [2], 0.02, 0.05, lambda alloc: 1.0 * alloc["a"],
+                         8.0, 0.5, neighbours=[[1, 3]]) == pytest.approx([0.25])
+
+
+def test_the_neighbours_are_one_unit_either_way_within_the_bounds():
+    sim = Simulator("criteo", cpus=8, seed=0)
+    obs = Runner(sim.knobs).observe(sim.reset())
+    safety = SafetyLayer(list(sim.knobs.values()), DELTAS)
+    values = [k.min if k.unit == "cpu" else k.value for k in safety.knobs]
+    units = safety.units(obs)
+    for k, v, u, near in zip(safety.knobs, values, units, neighbours_of(safety, obs, values), strict=True):
+        assert near == [x for x in (v - u, v + u) if k.min <= x <= k.max]
+        if k.unit == "cpu":
+            assert near == [v + 1]  # at its minimum: only up
 
 
 def test_a_label_that_sheds_workers_weighs_the_cpus_they_hold_past_the_target():

@@ -128,6 +128,10 @@ class AgentConfig:
     busy, whether or not they cost throughput here; less in proportion (``teacher.label_weights``).
     0 leaves that cost out: labels weigh the throughput lost alone."""
 
+    imitation_weigh_holds: bool = True
+    """A knob at its target weighs what its costlier move one step away would cost (``teacher.label_weights``);
+    False: the floor, as networks pretrained before this option were taught."""
+
     imitation_min_weight: float = 0.05
     """The weight of a label whose knob's distance from the target costs nothing (at the target, or on
     a flat optimum): it still counts, a little."""

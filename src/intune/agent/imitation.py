@@ -8,7 +8,7 @@ choices are). DAgger (Ross et al. 2011): round 0 rolls out the teacher; later ro
 learner (with a share of teacher ticks) and the teacher labels the states the learner reaches, so the
 network learns to recover from its own mistakes. Each label is weighted by what it is worth
 (``teacher.label_weights``: the throughput lost if that knob stayed put, or the CPUs its workers past
-the target hold), so that a bottleneck's move outweighs the exact value of a knob on a flat optimum. Every rollout goes through
+the target hold; for a knob at its target, what its costlier move one step away would cost), so that a bottleneck's move outweighs the exact value of a knob on a flat optimum. Every rollout goes through
 ``intune.sim.run_episode`` (the one runner). It must not be used live: the teacher reads the
 simulator's true model.
 """
@@ -27,7 +27,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS
 from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import label_weights, teacher_choice
+from intune.agent.teacher import label_weights, neighbours_of, teacher_choice
 from intune.monitor.observation import Observation
 from intune.policies.remote_sizing import local_knobs
 from intune.policies.safety import WORKER_CEILING
@@ -85,7 +85,8 @@ class DaggerPolicy:
         config = self.student.config
         weight = label_weights(self.sim.true_throughput, target, [k.name for k in safety.knobs], values,
                                config.imitation_full_weight_loss, config.imitation_min_weight,
-                               self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus)
+                               self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus,
+                               neighbours_of(safety, observation, values) if config.imitation_weigh_holds else None)
         rows, valid = self.student.chooser.last
         n = len(values)
         padded_mask = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=bool)
