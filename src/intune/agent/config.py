@@ -128,9 +128,11 @@ class AgentConfig:
     busy, whether or not they cost throughput here; less in proportion (``teacher.label_weights``).
     0 leaves that cost out: labels weigh the throughput lost alone."""
 
-    imitation_weigh_holds: bool = True
-    """A knob at its target weighs what its costlier move one step away would cost (``teacher.label_weights``);
-    False: the floor, as networks pretrained before this option were taught."""
+    imitation_weigh_holds: bool = False
+    """True: a knob at its target weighs what its costlier move one step away would cost
+    (``teacher.label_weights``; ``intune pretrain --weigh-holds``). False: the floor. Off by default: the
+    one network pretrained with it (``benchmarks/candidate-waiting-share/holds/``) no longer swaps a
+    worker between two stages and back, but validated lower (0.82 against 0.89) and learned to hold."""
 
     imitation_min_weight: float = 0.05
     """The weight of a label whose knob's distance from the target costs nothing (at the target, or on

@@ -61,6 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="share of the imitation's pipelines with a map stage that waits on I/O")
     parser.add_argument("--waiting-gil-share", type=float, default=defaults.imitation_waiting_gil_share,
                         help="share of those waiting map stages that wait on the GIL instead")
+    parser.add_argument("--weigh-holds", action="store_true", default=defaults.imitation_weigh_holds,
+                        help="a knob at its target weighs what its costlier move one step away would cost "
+                             "(AgentConfig.imitation_weigh_holds; off: the floor)")
     parser.add_argument("--members", type=int, default=defaults.ensemble_members,
                         help="networks pretrained from seeds SEED.. SEED+M-1 (see --keep)")
     parser.add_argument("--keep", choices=KEEP_RULES, default="ensemble",
@@ -272,13 +275,14 @@ def run(args: argparse.Namespace) -> int:
                + (f" --members {args.members}" if args.members != defaults.ensemble_members else "")
                + (f" --keep {args.keep}" if args.members > 1 and args.keep != "ensemble" else "")
                + (f" --decision {args.decision}" if args.decision != defaults.decision else "")
+               + (" --weigh-holds" if args.weigh_holds else "")
                + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, teacher_objective=args.teacher,
                          validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
                          imitation_waiting_share=args.waiting_share, imitation_waiting_gil_share=args.waiting_gil_share,
-                         ensemble_members=args.members, decision=args.decision, extra={"command": command})
+                         imitation_weigh_holds=args.weigh_holds, ensemble_members=args.members, decision=args.decision, extra={"command": command})
     started = time.time()
     path, members = pretrain(config, args.out, jobs=args.jobs, keep=args.keep)
     seconds = time.time() - started
