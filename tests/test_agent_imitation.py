@@ -10,7 +10,7 @@ from intune.agent.dqn import new_network
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import DaggerPolicy, imitate
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import label_weights, neighbours_of, teacher_choice
+from intune.agent.teacher import action_regrets, label_weights, neighbours_of, teacher_choice
 from intune.monitor.observation import Observation, StageObservation
 from intune.policies.runner import Runner
 from intune.policies.safety import SafetyLayer
@@ -87,6 +87,25 @@ def test_a_knob_at_its_target_weighs_what_its_costlier_move_one_step_away_would_
                          8.0, 0.5, neighbours=[[1, 3]]) == pytest.approx([0.25])
 
 
+def test_each_action_is_priced_at_what_its_knob_costs_where_it_lands_less_the_cheapest():
+    # udf's 1 worker is below a target of 2: +1 lands on it (0), hold costs 0.3, -1 is not allowed;
+    # read at its target of 3: -1 costs 0.8, hold and +1 nothing
+    knobs, _ = dict_knobs({"read.workers": ("cpu", 1, 64, 3), "udf.workers": ("cpu", 1, 64, 1)})
+    safety = SafetyLayer(list(knobs.values()), DELTAS)
+    obs = Observation(1, 1.0, 1.0, 0.0, 8.0, 1e9, 1e10, tuple(
+        StageObservation(n, w, 0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, kind=kind_of(n))
+        for n, w in (("read", 3), ("udf", 1))))
+    target = {"read.workers": 3, "udf.workers": 2}
+    prices = {("read.workers", 2): 0.8, ("udf.workers", 1): 0.3}
+
+    def cost(name, value):
+        return prices.get((name, value), 0.0)
+
+    mask = np.array([[False, True, True, True, False], [False, False, True, True, False]])
+    regret = action_regrets(safety, obs, [3, 1], target, mask, cost)
+    assert regret.ravel().tolist() == pytest.approx([0.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3, 0.0, 0.0])
+
+
 def test_the_neighbours_are_one_unit_either_way_within_the_bounds():
     sim = Simulator("criteo", cpus=8, seed=0)
     obs = Runner(sim.knobs).observe(sim.reset())
@@ -128,9 +147,10 @@ def test_dagger_labels_every_state_the_learner_reaches_with_an_allowed_action():
     policy = DaggerPolicy(IntunePolicy(network=new_network(config), config=config, online=False), 0.0, rng, 0.0)
     run_episode(Simulator(TINY, cpus=8, seed=0), policy, 30)
     assert len(policy.states) == 29  # every tick but the start
-    for _rows, valid, mask, label, weight in policy.states:
+    for _rows, valid, mask, label, weight, regret in policy.states:
         assert valid.sum() == 2 and mask[np.arange(len(label)), label].all()
         assert ((weight[:2] >= 0.05) & (weight[:2] <= 1)).all() and (weight[2:] == 0).all()
+        assert (regret == 0).all()  # the regret term is off by default: nothing priced
 
 
 def test_a_short_imitation_learns_to_feed_the_udf():

@@ -134,6 +134,11 @@ class AgentConfig:
     one network pretrained with it (``benchmarks/candidate-waiting-share/holds/``) no longer swaps a
     worker between two stages and back, but validated lower (0.82 against 0.89) and learned to hold."""
 
+    imitation_regret_weight: float = 0.0
+    """Weight of a second imitation loss term: each knob's expected cost under the network's softmax over
+    its allowed actions, every action priced at what it costs where it lands (``teacher.action_regrets``;
+    ``intune pretrain --regret-weight``). 0: the cross-entropy alone."""
+
     imitation_min_weight: float = 0.05
     """The weight of a label whose knob's distance from the target costs nothing (at the target, or on
     a flat optimum): it still counts, a little."""
@@ -200,6 +205,8 @@ class AgentConfig:
         for name in ("imitation_remote_share", "imitation_waiting_share", "imitation_waiting_gil_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AgentConfig.{name} must be a share in [0, 1], got {getattr(self, name)!r}")
+        if self.imitation_regret_weight < 0:
+            raise ValueError(f"AgentConfig.imitation_regret_weight must be >= 0 (0: off), got {self.imitation_regret_weight!r}")
         if self.imitation_full_weight_held_cpus < 0:
             raise ValueError("AgentConfig.imitation_full_weight_held_cpus must be >= 0 (0: not counted), "
                              f"got {self.imitation_full_weight_held_cpus!r}")

@@ -27,7 +27,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS
 from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import label_weights, neighbours_of, teacher_choice
+from intune.agent.teacher import action_regrets, knob_cost, label_weights, neighbours_of, teacher_choice
 from intune.monitor.observation import Observation
 from intune.policies.remote_sizing import local_knobs
 from intune.policies.safety import WORKER_CEILING
@@ -39,7 +39,7 @@ TEACHER_REFRESH_TICKS = 30  # drift moves the optimum slowly: the teacher re-sea
 class DaggerPolicy:
     """The learner, with the oracle teacher labelling every state and acting on a share of the ticks.
 
-    ``states`` collects ``(rows, valid, mask, label, weight)`` padded to ``MAX_KNOBS``. A run starts at the
+    ``states`` collects ``(rows, valid, mask, label, weight, regret)`` padded to ``MAX_KNOBS``. A run starts at the
     even split or, with ``random_start``, at a random allocation (asked of the runner like any request),
     so that the network also learns to recover from allocations it would never choose.
     """
@@ -59,7 +59,7 @@ class DaggerPolicy:
         self._remote_key: tuple[int, int] | None = None
         self._remote_tick = 0
         self._remote_target: dict[str, int] = {}
-        self.states: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.states: list[tuple[np.ndarray, ...]] = []
 
     def bind_simulator(self, sim) -> None:
         self.sim = sim
@@ -96,7 +96,12 @@ class DaggerPolicy:
         padded_label[:n] = label
         padded_weight = np.zeros(MAX_KNOBS, dtype=np.float32)
         padded_weight[:n] = weight
-        self.states.append((rows, valid, padded_mask, padded_label, padded_weight))
+        padded_regret = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=np.float32)
+        if config.imitation_regret_weight > 0:
+            cost = knob_cost(self.sim.true_throughput, target, config.imitation_full_weight_loss,
+                             self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus)
+            padded_regret[:n] = action_regrets(safety, observation, values, target, mask, cost)
+        self.states.append((rows, valid, padded_mask, padded_label, padded_weight, padded_regret))
         if self.rng.random() < self.teacher_share:
             wanted, choice = safety.hard_limits(label, observation, values, self.student.floor)
             self.student.chooser.builder.applied(safety.deltas[choice])
@@ -139,14 +144,22 @@ class ImitationLog:
     best_round: int = -1  # the round whose network is returned (-1: the last, without validation)
 
 
-def imitation_loss(q: BranchingQNetwork, rows, valid, mask, label, weight) -> tuple[torch.Tensor, float]:
+def imitation_loss(q: BranchingQNetwork, rows, valid, mask, label, weight, regret=None,
+                   regret_weight: float = 0.0) -> tuple[torch.Tensor, float]:
     """Cross-entropy of each real knob's masked Q-values (as logits) against the teacher's action,
-    weighted by the label's ``weight``; and the weighted share of knobs whose argmax already agrees."""
+    weighted by the label's ``weight``; with ``regret_weight`` > 0, plus that times each real knob's
+    expected ``regret`` under the softmax of its logits (mean over knobs); and the weighted share of
+    knobs whose argmax already agrees."""
     logits = q(rows, valid).masked_fill(~mask, -1e9)
     per_knob = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), label.reshape(-1), reduction="none")
     weights = valid.reshape(-1).float() * weight.reshape(-1)
     agree = ((logits.argmax(-1) == label).float().reshape(-1) * weights).sum() / weights.sum().clamp_min(1e-9)
-    return (per_knob * weights).sum() / weights.sum().clamp_min(1e-9), float(agree)
+    loss = (per_knob * weights).sum() / weights.sum().clamp_min(1e-9)
+    if regret is not None and regret_weight > 0:
+        expected = (torch.softmax(logits, dim=-1) * regret).sum(-1).reshape(-1)
+        real = valid.reshape(-1).float()
+        loss = loss + regret_weight * (expected * real).sum() / real.sum().clamp_min(1.0)
+    return loss, float(agree)
 
 
 def fit(q: BranchingQNetwork, data: list[tuple[np.ndarray, ...]], config: AgentConfig,
@@ -158,13 +171,15 @@ def fit(q: BranchingQNetwork, data: list[tuple[np.ndarray, ...]], config: AgentC
     mask = torch.from_numpy(np.stack([d[2] for d in data]))
     label = torch.from_numpy(np.stack([d[3] for d in data]))
     weight = torch.from_numpy(np.stack([d[4] for d in data]))
+    regret = torch.from_numpy(np.stack([d[5] for d in data]))
     losses, agrees = [], []
     for _ in range(config.imitation_epochs):
         order = rng.permutation(len(data))
         losses, agrees = [], []
         for start in range(0, len(order), batch):
             idx = torch.from_numpy(order[start : start + batch])
-            loss, agree = imitation_loss(q, rows[idx], valid[idx], mask[idx], label[idx], weight[idx])
+            loss, agree = imitation_loss(q, rows[idx], valid[idx], mask[idx], label[idx], weight[idx], regret[idx],
+                                         config.imitation_regret_weight)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(q.parameters(), config.max_grad_norm)

@@ -77,18 +77,8 @@ def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str]
     allocation for a move that costs a fifth of the throughput (swapping a worker between two stages
     and back, tick after tick), or adds a worker its stage cannot use.
     """
-    best = throughput_of(dict(target))
+    cost_of = knob_cost(throughput_of, target, full_weight_loss, held_cpus_of, cpus, full_weight_held)
     cost = np.zeros(len(names))
-    count_held = held_cpus_of is not None and cpus > 0 and full_weight_held > 0
-    base_held = held_cpus_of(dict(target)) if count_held else 0.0
-
-    def cost_of(name: str, value: int) -> float:
-        c = max(0.0, 1.0 - throughput_of({**target, name: value}) / best) / full_weight_loss if best > 0 else 0.0
-        if count_held and value > target[name]:
-            held = max(0.0, held_cpus_of({**target, name: value}) - base_held) / cpus
-            c = max(c, held / full_weight_held)
-        return c
-
     for i, (name, value) in enumerate(zip(names, values, strict=True)):
         if name not in target:
             continue
@@ -106,3 +96,50 @@ def neighbours_of(safety: SafetyLayer, obs: Observation, values: Sequence[int]) 
     units = safety.units(obs)
     return [[v + d for d in (-int(u), int(u)) if k.min <= v + d <= k.max]
             for k, v, u in zip(safety.knobs, values, units, strict=True)]
+
+
+
+def knob_cost(throughput_of, target: Mapping[str, int], full_weight_loss: float,
+              held_cpus_of: Callable[[dict[str, int]], float] | None = None, cpus: float = 0.0,
+              full_weight_held: float = 0.5) -> Callable[[str, int], float]:
+    """``cost(name, value)``: what one knob at ``value`` costs with every other knob at ``target``, the
+    larger of the share of the optimum's throughput lost over ``full_weight_loss`` and (with
+    ``held_cpus_of``) the CPUs its workers past the target want when busy, as a share of ``cpus``, over
+    ``full_weight_held`` (``label_weights`` says why both)."""
+    best = throughput_of(dict(target))
+    count_held = held_cpus_of is not None and cpus > 0 and full_weight_held > 0
+    base_held = held_cpus_of(dict(target)) if count_held else 0.0
+
+    def cost(name: str, value: int) -> float:
+        c = max(0.0, 1.0 - throughput_of({**target, name: value}) / best) / full_weight_loss if best > 0 else 0.0
+        if count_held and value > target[name]:
+            held = max(0.0, held_cpus_of({**target, name: value}) - base_held) / cpus
+            c = max(c, held / full_weight_held)
+        return c
+
+    return cost
+
+
+def action_regrets(safety: SafetyLayer, obs: Observation, values: Sequence[int], target: Mapping[str, int],
+                   mask: np.ndarray, cost: Callable[[str, int], float]) -> np.ndarray:
+    """``[knobs, actions]``: each allowed action's cost (``knob_cost``, capped at 1) where it lands, less
+    the least of the knob's allowed actions; 0 for actions not allowed and knobs without a target.
+
+    Why: one weight per label says how much a knob's choice matters, not which wrong choices are
+    costly. Priced per action, moving a knob off its target costs what that move loses (a bottleneck's
+    worker shed), while a harmless alternative costs nothing, so "hold where you are" is taught where
+    leaving costs, and nowhere else."""
+    out = np.zeros(mask.shape, dtype=np.float32)
+    units = safety.units(obs)
+    for k, (knob, v) in enumerate(zip(safety.knobs, values, strict=True)):
+        if knob.name not in target:
+            continue
+        allowed = np.flatnonzero(mask[k])
+        if len(allowed) < 2:
+            continue
+        landed = {a: knob.clamp(v + int(safety.deltas[a]) * int(units[k])) for a in allowed}
+        priced = {x: min(1.0, cost(knob.name, x)) for x in set(landed.values())}
+        least = min(priced.values())
+        for a in allowed:
+            out[k, a] = priced[landed[a]] - least
+    return out
