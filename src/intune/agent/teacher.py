@@ -89,14 +89,12 @@ def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str]
     return np.clip(cost, floor, 1.0).astype(np.float32)
 
 
-
 def neighbours_of(safety: SafetyLayer, obs: Observation, values: Sequence[int]) -> list[list[int]]:
     """Per knob of ``safety``, its values one move (one step of its unit) either way, within its bounds:
     what ``label_weights`` prices a knob at its target by."""
     units = safety.units(obs)
     return [[v + d for d in (-int(u), int(u)) if k.min <= v + d <= k.max]
             for k, v, u in zip(safety.knobs, values, units, strict=True)]
-
 
 
 def knob_cost(throughput_of, target: Mapping[str, int], full_weight_loss: float,
