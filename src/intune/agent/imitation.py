@@ -27,7 +27,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS
 from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import action_regrets, knob_cost, label_weights, neighbours_of, teacher_choice
+from intune.agent.teacher import action_regrets, knob_cost, neighbours_of, teacher_choice, weights_of
 from intune.monitor.observation import Observation
 from intune.policies.remote_sizing import local_knobs
 from intune.policies.safety import WORKER_CEILING
@@ -83,10 +83,10 @@ class DaggerPolicy:
         target = self._target(observation)
         label = teacher_choice(safety, observation, values, target, mask, self.sim.true_throughput)
         config = self.student.config
-        weight = label_weights(self.sim.true_throughput, target, [k.name for k in safety.knobs], values,
-                               config.imitation_full_weight_loss, config.imitation_min_weight,
-                               self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus,
-                               neighbours_of(safety, observation, values) if config.imitation_weigh_holds else None)
+        cost = knob_cost(self.sim.true_throughput, target, config.imitation_full_weight_loss,
+                         self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus)
+        weight = weights_of(cost, target, [k.name for k in safety.knobs], values, config.imitation_min_weight,
+                            neighbours_of(safety, observation, values) if config.imitation_weigh_holds else None)
         rows, valid = self.student.chooser.last
         n = len(values)
         padded_mask = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=bool)
@@ -98,8 +98,6 @@ class DaggerPolicy:
         padded_weight[:n] = weight
         padded_regret = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=np.float32)
         if config.imitation_regret_weight > 0:
-            cost = knob_cost(self.sim.true_throughput, target, config.imitation_full_weight_loss,
-                             self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus)
             padded_regret[:n] = action_regrets(safety, observation, values, target, mask, cost)
         self.states.append((rows, valid, padded_mask, padded_label, padded_weight, padded_regret))
         if self.rng.random() < self.teacher_share:
@@ -171,15 +169,16 @@ def fit(q: BranchingQNetwork, data: list[tuple[np.ndarray, ...]], config: AgentC
     mask = torch.from_numpy(np.stack([d[2] for d in data]))
     label = torch.from_numpy(np.stack([d[3] for d in data]))
     weight = torch.from_numpy(np.stack([d[4] for d in data]))
-    regret = torch.from_numpy(np.stack([d[5] for d in data]))
+    # the regrets only where their term counts (off, they are all zero)
+    regret = torch.from_numpy(np.stack([d[5] for d in data])) if config.imitation_regret_weight > 0 else None
     losses, agrees = [], []
     for _ in range(config.imitation_epochs):
         order = rng.permutation(len(data))
         losses, agrees = [], []
         for start in range(0, len(order), batch):
             idx = torch.from_numpy(order[start : start + batch])
-            loss, agree = imitation_loss(q, rows[idx], valid[idx], mask[idx], label[idx], weight[idx], regret[idx],
-                                         config.imitation_regret_weight)
+            loss, agree = imitation_loss(q, rows[idx], valid[idx], mask[idx], label[idx], weight[idx],
+                                         None if regret is None else regret[idx], config.imitation_regret_weight)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(q.parameters(), config.max_grad_norm)

@@ -78,6 +78,13 @@ def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str]
     and back, tick after tick), or adds a worker its stage cannot use.
     """
     cost_of = knob_cost(throughput_of, target, full_weight_loss, held_cpus_of, cpus, full_weight_held)
+    return weights_of(cost_of, target, names, values, floor, neighbours)
+
+
+def weights_of(cost_of: Callable[[str, int], float], target: Mapping[str, int], names: Sequence[str],
+               values: Sequence[int], floor: float, neighbours: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+    """``label_weights`` with the knobs' cost (``knob_cost``) already built, for a caller that prices
+    actions with it too (``action_regrets``)."""
     cost = np.zeros(len(names))
     for i, (name, value) in enumerate(zip(names, values, strict=True)):
         if name not in target:

@@ -134,8 +134,7 @@ class RemoteReading:
     @property
     def local_workers_wait(self) -> bool:
         """Whether its busy local workers each use less than ``WAITING_SHARE`` of a CPU (they wait)."""
-        busy = self.local_busy * self.local_workers
-        return busy > 0 and self.local_cpu / busy < WAITING_SHARE
+        return workers_wait(self.local_cpu, self.local_busy, self.local_workers)
 
     @property
     def remote_busy(self) -> bool:
@@ -193,11 +192,16 @@ def binds_on_waiting_stage(obs: Observation, stage: str) -> str | None:
     busiest = max(obs.stages, key=lambda s: s.busy)
     if busiest.name == stage or busiest.busy < SATURATED or own.busy >= busiest.busy:
         return None
-    busy_workers = busiest.busy * busiest.workers
-    cpu = busiest.cpu_s_per_item * busiest.items_per_s
-    if busy_workers <= 0 or cpu / busy_workers >= WAITING_SHARE:
+    if not workers_wait(busiest.cpu_s_per_item * busiest.items_per_s, busiest.busy, busiest.workers):
         return None
     return busiest.name
+
+
+def workers_wait(cpu_s_per_s: float, busy: float, workers: int) -> bool:
+    """Whether a stage's busy workers (``busy`` share of ``workers``, using ``cpu_s_per_s`` CPU seconds
+    a second between them) each use less than ``WAITING_SHARE`` of a CPU: they wait on something else."""
+    busy_workers = busy * workers
+    return busy_workers > 0 and cpu_s_per_s / busy_workers < WAITING_SHARE
 
 
 def remote_knobs(knobs: Mapping[str, Knob]) -> dict[str, Knob]:
