@@ -10,7 +10,7 @@ from intune.agent.dqn import new_network
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import DaggerPolicy, imitate
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import action_regrets, label_weights, neighbours_of, teacher_choice
+from intune.agent.teacher import action_regrets, knob_cost, label_weights, neighbours_of, teacher_choice
 from intune.monitor.observation import Observation, StageObservation
 from intune.policies.runner import Runner
 from intune.policies.safety import SafetyLayer
@@ -104,6 +104,24 @@ def test_each_action_is_priced_at_what_its_knob_costs_where_it_lands_less_the_ch
     mask = np.array([[False, True, True, True, False], [False, False, True, True, False]])
     regret = action_regrets(safety, obs, [3, 1], target, mask, cost)
     assert regret.ravel().tolist() == pytest.approx([0.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3, 0.0, 0.0])
+
+
+def test_far_from_its_target_each_action_is_priced_by_how_much_more_it_loses_than_the_best():
+    # a reader whose throughput grows with its workers up to a target of 128, now at 10 of 32 CPUs:
+    # every landing loses far past the full-weight loss (0.02), yet +5 loses the least; each other
+    # action loses 1/128 to 10/128 more, at least 0.39 of the full weight's 0.02 past it: capped at 1
+    knobs, _ = dict_knobs({"read.workers": ("cpu", 1, 256, 10)})
+    safety = SafetyLayer(list(knobs.values()), DELTAS)
+    obs = Observation(1, 1.0, 1.0, 0.0, 32.0, 1e9, 1e10, (
+        StageObservation("read", 10, 0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, kind="read"),))
+    target = {"read.workers": 128}
+    cost = knob_cost(lambda alloc: float(alloc["read.workers"]), target, 0.02)
+    mask = np.ones((1, len(DELTAS)), dtype=bool)
+    assert action_regrets(safety, obs, [10], target, mask, cost).ravel().tolist() == pytest.approx([1, 1, 1, 1, 0])
+    # near the target the differences stay below the cap: at 126, +5 (131, past the target) loses
+    # nothing, +1 (127) loses 1/128 (0.39 of the full weight), hold 2/128 (0.78), -1 3/128 (capped)
+    regret = action_regrets(safety, obs, [126], target, mask, cost).ravel().tolist()
+    assert regret == pytest.approx([1, 1, 2 / 128 / 0.02, 1 / 128 / 0.02, 0])
 
 
 def test_the_neighbours_are_one_unit_either_way_within_the_bounds():

@@ -127,13 +127,16 @@ def knob_cost(throughput_of, target: Mapping[str, int], full_weight_loss: float,
 
 def action_regrets(safety: SafetyLayer, obs: Observation, values: Sequence[int], target: Mapping[str, int],
                    mask: np.ndarray, cost: Callable[[str, int], float]) -> np.ndarray:
-    """``[knobs, actions]``: each allowed action's cost (``knob_cost``, capped at 1) where it lands, less
-    the least of the knob's allowed actions; 0 for actions not allowed and knobs without a target.
+    """``[knobs, actions]``: each allowed action's cost (``knob_cost``) where it lands, less the least of
+    the knob's allowed actions, capped at 1; 0 for actions not allowed and knobs without a target.
 
     Why: one weight per label says how much a knob's choice matters, not which wrong choices are
     costly. Priced per action, moving a knob off its target costs what that move loses (a bottleneck's
     worker shed), while a harmless alternative costs nothing, so "hold where you are" is taught where
-    leaving costs, and nowhere else."""
+    leaving costs, and nowhere else. The cap applies to the difference, not to each cost: far from the
+    target every landing loses past the full weight, and capped each, they would all cost the same, so
+    the term would teach nothing where the network is furthest off (a reader 10 workers into a target of
+    128 would be as well shed as grown)."""
     out = np.zeros(mask.shape, dtype=np.float32)
     units = safety.units(obs)
     for k, (knob, v) in enumerate(zip(safety.knobs, values, strict=True)):
@@ -143,8 +146,8 @@ def action_regrets(safety: SafetyLayer, obs: Observation, values: Sequence[int],
         if len(allowed) < 2:
             continue
         landed = {a: knob.clamp(v + int(safety.deltas[a]) * int(units[k])) for a in allowed}
-        priced = {x: min(1.0, cost(knob.name, x)) for x in set(landed.values())}
+        priced = {x: cost(knob.name, x) for x in set(landed.values())}
         least = min(priced.values())
         for a in allowed:
-            out[k, a] = priced[landed[a]] - least
+            out[k, a] = min(1.0, priced[landed[a]] - least)
     return out
