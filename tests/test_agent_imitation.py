@@ -108,8 +108,8 @@ def test_each_action_is_priced_at_what_its_knob_costs_where_it_lands_less_the_ch
 
 def test_far_from_its_target_each_action_is_priced_by_how_much_more_it_loses_than_the_best():
     # a reader whose throughput grows with its workers up to a target of 128, now at 10 of 32 CPUs:
-    # every landing loses far past the full-weight loss (0.02), yet +5 loses the least; each other
-    # action loses 1/128 to 10/128 more, at least 0.39 of the full weight's 0.02 past it: capped at 1
+    # every landing loses far past the full-weight loss (0.02), yet +5 (15) loses the least; each other
+    # action loses 4/128 to 10/128 more, 1.56 to 3.9 full weights: capped at 1
     knobs, _ = dict_knobs({"read.workers": ("cpu", 1, 256, 10)})
     safety = SafetyLayer(list(knobs.values()), DELTAS)
     obs = Observation(1, 1.0, 1.0, 0.0, 32.0, 1e9, 1e10, (
