@@ -58,6 +58,43 @@ def test_global_only_hides_the_stage_signals():
     assert np.allclose(full[:, kept], [1 / 8, 1 / 8])  # one worker of 8 CPUs each
 
 
+def test_the_gain_feature_is_the_relative_rate_change_per_relative_worker_change_at_the_last_move():
+    """A stage waiting on I/O and one waiting on the GIL look alike in one tick (busy, little CPU per
+    worker); what an added worker did to the stage's rate tells them apart, and it is kept until the
+    next move, through a checkpoint too."""
+    from dataclasses import replace
+
+    sim = _sim(0)
+    obs = sim.reset()
+    read, udf = obs.stages
+
+    def tick(workers: int, rate: float):
+        return replace(obs, stages=(read, replace(udf, workers=workers, items_per_s=rate)))
+
+    gain, known = KNOB_FEATURES.index("gain"), KNOB_FEATURES.index("gain_known")
+    udf_row = list(sim.knobs).index("udf.workers")
+    read_row = list(sim.knobs).index("read.workers")
+    builder = FeatureBuilder(sim.knobs)
+    rows = builder.rows(tick(1, 100.0))
+    assert rows[udf_row, known] == 0 and rows[udf_row, gain] == 0  # no move yet: nothing measured
+    rows = builder.rows(tick(2, 150.0))  # +100% workers, +50% rows
+    assert rows[udf_row, gain] == pytest.approx(0.5) and rows[udf_row, known] == 1
+    assert rows[read_row, known] == 0
+    rows = builder.rows(tick(4, 150.0))  # +100% workers, nothing more: the GIL's signature
+    assert rows[udf_row, gain] == pytest.approx(0.0) and rows[udf_row, known] == 1
+    rows = builder.rows(tick(4, 90.0))  # no move: the last move's gain stays
+    assert rows[udf_row, gain] == pytest.approx(0.0)
+    resumed = FeatureBuilder(sim.knobs)
+    resumed.load_state_dict(builder.state_dict())
+    rows = resumed.rows(tick(2, 45.0))  # -50% workers, -50% rows: every worker counted
+    assert rows[udf_row, gain] == pytest.approx(1.0)
+    rows = resumed.rows(tick(3, 450.0))  # +50% workers, +900% rows: clipped
+    assert rows[udf_row, gain] == pytest.approx(2.0)
+    blind = FeatureBuilder(sim.knobs, global_only=True)
+    blind.rows(tick(1, 100.0))
+    assert np.all(blind.rows(tick(2, 150.0))[:, [gain, known]] == 0)
+
+
 def test_imitation_draws_remote_pools_on_a_heavy_map_stage_with_a_demand_past_the_machine():
     from intune.agent.env import with_remote_pool
     from intune.agent.pretrain import training_sim

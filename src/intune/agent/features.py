@@ -44,6 +44,8 @@ KNOB_FEATURES: tuple[str, ...] = (
     "cost_share",  # the stage's busy wall seconds per row / the sum over stages: its share of the work per row
     "headroom",  # log2(the stage's rows/s if its workers were always busy / throughput) / 4, in [0, 1]
     "light",  # its workers wait on something other than the CPUs (``Observation.light_stages``)
+    "gain",  # at the stage's last worker move: relative change of its rate / relative change of its workers, in [-1, 2]
+    "gain_known",  # 1 once the stage's workers moved and the gain was measured
     *(f"kind_{kind}" for kind in KINDS),  # what the stage does, as it declares it
 )
 CONTEXT_FEATURES: tuple[str, ...] = (
@@ -63,7 +65,7 @@ CONTEXT_FEATURES: tuple[str, ...] = (
 N_FEATURES = len(KNOB_FEATURES) + len(CONTEXT_FEATURES)
 
 _STAGE_SIGNALS = ("busy", "starved", "blocked", "queue_fill", "work_share", "cpu_per_wall", "buffered_share", "rate_change",
-                  "cost_share", "headroom", "light")
+                  "cost_share", "headroom", "light", "gain", "gain_known")
 _HIDDEN_IN_GLOBAL_ONLY = np.array(
     [name in _STAGE_SIGNALS for name in KNOB_FEATURES] + [name in ("max_busy", "mean_starved") for name in CONTEXT_FEATURES]
 )
@@ -92,26 +94,34 @@ class FeatureBuilder:
         self.ticks_since_resize = 0
         self.last_deltas = np.zeros(len(self.knob_names), dtype=np.float32)
         self.last_stage_rate: dict[str, float] = {}
+        self.last_stage_workers: dict[str, int] = {}
+        self.stage_gain: dict[str, float] = {}
 
     def state_dict(self) -> dict[str, Any]:
         """What the features remember across ticks (best and last throughput, the CPU count and ticks
-        since it changed, each stage's last rate), as plain values for a checkpoint."""
+        since it changed, each stage's last rate, workers and measured gain), as plain values for a
+        checkpoint."""
         return {
             "best_throughput": float(self.best_throughput),
             "last_throughput": float(self.last_throughput),
             "last_cpus": float(self.last_cpus),
             "ticks_since_resize": int(self.ticks_since_resize),
             "last_stage_rate": {name: float(v) for name, v in self.last_stage_rate.items()},
+            "last_stage_workers": {name: int(v) for name, v in self.last_stage_workers.items()},
+            "stage_gain": {name: float(v) for name, v in self.stage_gain.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state_dict()``. The last tick's moves are not carried: a restarted job made
-        none since, so they read as zero."""
+        none since, so they read as zero. A checkpoint written before the gain was kept resumes with
+        no gain measured, as a fresh run starts."""
         self.best_throughput = float(state["best_throughput"])
         self.last_throughput = float(state["last_throughput"])
         self.last_cpus = float(state["last_cpus"])
         self.ticks_since_resize = int(state["ticks_since_resize"])
         self.last_stage_rate = {str(n): float(v) for n, v in state["last_stage_rate"].items()}
+        self.last_stage_workers = {str(n): int(v) for n, v in state.get("last_stage_workers", {}).items()}
+        self.stage_gain = {str(n): float(v) for n, v in state.get("stage_gain", {}).items()}
         self.last_deltas = np.zeros(len(self.knob_names), dtype=np.float32)
 
     def applied(self, deltas: Sequence[int]) -> None:
@@ -159,6 +169,12 @@ class FeatureBuilder:
 
         rate_change: dict[str, float] = {}
         for s in stages:
+            last_workers = self.last_stage_workers.get(s.name, s.workers)
+            last_rate = self.last_stage_rate.get(s.name, 0.0)
+            if s.workers != last_workers and last_workers > 0 and last_rate > 0:
+                relative = (s.items_per_s - last_rate) / last_rate / ((s.workers - last_workers) / last_workers)
+                self.stage_gain[s.name] = max(-1.0, min(2.0, relative))
+            self.last_stage_workers[s.name] = s.workers
             last = self.last_stage_rate.get(s.name, s.items_per_s)
             rate_change[s.name] = max(-1.0, min(1.0, (s.items_per_s - last) / max(last, s.items_per_s, 1e-9)))
             self.last_stage_rate[s.name] = s.items_per_s
@@ -196,6 +212,8 @@ class FeatureBuilder:
                 cost[stage] / total_cost,
                 _headroom(s, thr),
                 1.0 if stage in light else 0.0,
+                self.stage_gain.get(stage, 0.0),
+                1.0 if stage in self.stage_gain else 0.0,
                 *(1.0 if s.kind == kind else 0.0 for kind in KINDS),
             )
             out[k, len(KNOB_FEATURES) :] = context
