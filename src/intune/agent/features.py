@@ -169,15 +169,14 @@ class FeatureBuilder:
 
         rate_change: dict[str, float] = {}
         for s in stages:
-            last_workers = self.last_stage_workers.get(s.name, s.workers)
-            last_rate = self.last_stage_rate.get(s.name, 0.0)
-            if s.workers != last_workers and last_workers > 0 and last_rate > 0:
-                relative = (s.items_per_s - last_rate) / last_rate / ((s.workers - last_workers) / last_workers)
-                self.stage_gain[s.name] = max(-1.0, min(2.0, relative))
-            self.last_stage_workers[s.name] = s.workers
             last = self.last_stage_rate.get(s.name, s.items_per_s)
+            last_workers = self.last_stage_workers.get(s.name, s.workers)
+            if s.workers != last_workers and last_workers > 0 and last > 0:
+                relative = (s.items_per_s - last) / last / ((s.workers - last_workers) / last_workers)
+                self.stage_gain[s.name] = max(-1.0, min(2.0, relative))
             rate_change[s.name] = max(-1.0, min(1.0, (s.items_per_s - last) / max(last, s.items_per_s, 1e-9)))
             self.last_stage_rate[s.name] = s.items_per_s
+            self.last_stage_workers[s.name] = s.workers
 
         cost = {s.name: _wall_s_per_row(s) for s in stages}
         total_cost = sum(cost.values()) or 1.0
