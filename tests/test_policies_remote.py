@@ -14,6 +14,7 @@ from intune.policies import make
 from intune.policies.plumber import solve_remote_lp
 from intune.policies.remote_sizing import (
     REMOTE_MIN_GAIN,
+    LocalGain,
     RemoteSizer,
     binds_on_waiting_stage,
     demand_gap,
@@ -288,4 +289,67 @@ def test_saturated_cpus_call_for_remote_workers_only_where_the_binding_stage_com
     assert binds_on_waiting_stage(obs, "udf") == (None if adds else "parse")
     sizer.reset(obs)
     requests = [sizer.step(dataclasses.replace(obs, tick=t)) for t in range(1, 40)]
+    assert any(requests) == adds
+
+
+def test_a_binding_stages_local_gain_is_flat_when_more_workers_add_under_a_quarter_of_their_share():
+    gain = LocalGain()
+    for rows in (100.0, 104.0):  # 8 workers, 2 ticks: a mean of 102
+        gain.update(8, 0, rows, binds=True)
+    gain.update(10, 0, 105.0, binds=True)
+    assert not gain.flat  # one tick at 10: not compared yet
+    gain.update(10, 0, 107.0, binds=True)  # +25% workers, 106 / 102 = +3.9% rows: a gain of 0.16
+    assert gain.flat
+    gain.reset()
+    for workers, rows in ((8, 100.0), (8, 100.0), (10, 110.0), (10, 110.0)):  # +25% workers, +10%: 0.4
+        gain.update(workers, 0, rows, binds=True)
+    assert not gain.flat
+    gain.reset()
+    for workers, rows in ((8, 100.0), (8, 100.0), (9, 100.0), (9, 100.0)):  # +12.5%, nothing more: flat
+        gain.update(workers, 0, rows, binds=True)
+    assert gain.flat
+    gain.reset()
+    for workers, rows, binds in ((8, 100.0, True), (8, 100.0, True), (10, 100.0, False), (10, 100.0, False)):
+        gain.update(workers, 0, rows, binds=binds)  # another stage bound at 10: its rows say nothing of these
+    assert not gain.flat
+    gain.reset()
+    for workers, remote, rows in ((8, 0, 100.0), (8, 0, 100.0), (10, 4, 130.0), (10, 4, 130.0), (30, 0, 101.0)):
+        gain.update(workers, remote, rows, binds=True)  # counts are compared at the same remote workers only
+    assert not gain.flat
+    gain.update(30, 0, 101.0, binds=True)  # 30 vs 8 at none: +275% workers, +1% rows
+    assert gain.flat
+    gain.reset()
+    for rows in (100.0, 100.0, 100.0):
+        gain.update(9, 0, rows, binds=True)  # never moved: nothing measured
+    assert not gain.flat
+
+
+def _gil_bound(workers: int, rows: float) -> Observation:
+    """16 CPUs: ``udf`` (thread workers that each use 0.66 of a CPU while busy, a GIL held for part of each
+    row) busy 0.98 binds, the other stages idle most of the time, 5 CPUs free."""
+    items = rows / 1000.0
+
+    def stage(name, n, busy, cpu, **extra):
+        return StageObservation(name, n, 0, items, rows, cpu / items, n * busy / items, 0.0, busy, 0.0, 0.0, 0.5, 0.0,
+                                **extra)
+
+    stages = (stage("read", 1, 0.3, 0.3),
+              stage("udf", workers, 0.98, 0.66 * 0.98 * workers, mode="thread", remote_workers=0),
+              stage("batch", 1, 0.2, 0.2))
+    return Observation(1, 1.0, rows, 0.0, 16.0, 1e9, 1e10, stages, remote_cpus=64.0)
+
+
+@pytest.mark.parametrize("more_rows, adds", [(1.0, True), (1.5, False)])
+def test_without_a_demand_a_binding_stage_whose_local_workers_gain_nothing_calls_for_remote_workers(more_rows, adds):
+    # 6 -> 9 workers with CPUs free: the same rows (a GIL caps the stage: only remote workers raise them)
+    # or 1.5x the rows (the local policy's move paid: more local workers, not remote ones, come next)
+    knob = Knob("udf.remote_workers", "cpu", 0, 64, lambda: 0, lambda v: None)
+    sizer = RemoteSizer({"udf.remote_workers": knob})
+    sizer.reset(_gil_bound(6, 200_000.0))
+    requests = []
+    for t in range(1, 30):
+        workers, rows = (6, 200_000.0) if t <= 3 else (9, 200_000.0 * more_rows)
+        obs = dataclasses.replace(_gil_bound(workers, rows), tick=t)
+        assert not read_remote_stage(obs, "udf").local_workers_wait and obs.free_cpus >= 5
+        requests.append(sizer.step(obs))
     assert any(requests) == adds

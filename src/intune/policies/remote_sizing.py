@@ -88,6 +88,18 @@ LOCAL_SHARE_READ = 0.2
 """The stage's local CPU per row is read only on ticks where its local workers process this share of its
 rows or more."""
 
+LOCAL_FLAT_GAIN = 0.25
+"""A binding stage's local workers count as flat when a relative change of them moved the pipeline's rows/s
+by less than this share of it (a tenth more workers, under 2.5% more rows): the same share as
+``REMOTE_MIN_GAIN``, one worker buying less than a quarter of its share of the rows."""
+
+LOCAL_FLAT_MOVE = 0.1
+"""Worker counts compared for the local gain differ by at least this share: a smaller change moves the rows
+by less than the measurement noise of a two-tick mean (1.4%) over ``LOCAL_FLAT_GAIN``."""
+
+LOCAL_FLAT_SAMPLES = 2
+"""Ticks a worker count must be seen at (the stage binding) before its mean rows/s is compared."""
+
 
 def demand_gap(obs: Observation) -> float:
     """Rows/s short of a known demand (0 when met within ``DEMAND_MET`` or unknown)."""
@@ -197,6 +209,12 @@ def binds_on_waiting_stage(obs: Observation, stage: str) -> str | None:
     return busiest.name
 
 
+def binds(obs: Observation, stage: str) -> bool:
+    """Whether ``stage`` binds the pipeline: busy at least ``SATURATED`` and the busiest stage."""
+    busy = obs.stage(stage).busy
+    return busy >= SATURATED and busy >= max(s.busy for s in obs.stages)
+
+
 def workers_wait(cpu_s_per_s: float, busy: float, workers: int) -> bool:
     """Whether a stage's busy workers (``busy`` share of ``workers``, using ``cpu_s_per_s`` CPU seconds
     a second between them) each use less than ``WAITING_SHARE`` of a CPU: they wait on something else."""
@@ -218,6 +236,46 @@ def local_knobs(knobs: Mapping[str, Knob]) -> Mapping[str, Knob]:
 
 def _ewma(old: float | None, new: float, weight: float = 0.5) -> float:
     return new if old is None else old + weight * (new - old)
+
+
+class LocalGain:
+    """Whether a binding stage's local workers still raise the pipeline's rows/s, from the local policy's
+    own moves: the mean rows/s seen at each (local workers, remote workers) while the stage binds (the
+    busiest, busy at least ``SATURATED``). The current count, seen ``LOCAL_FLAT_SAMPLES`` ticks, is compared
+    with the nearest other count seen as often at the same remote workers and at least ``LOCAL_FLAT_MOVE``
+    away; the stage is flat when the rows/s moved by less than ``LOCAL_FLAT_GAIN`` of the relative change of
+    its workers.
+
+    Why: local workers of a stage that wait part of each row (a GIL held for a share of it) stop adding
+    rows with CPUs free and each one still using more than ``WAITING_SHARE`` of a CPU; their busy share
+    and CPU use look like those of workers that compute. Their measured gain tells the two apart, and
+    where they are flat only remote workers can raise the rows/s. Once flat, the verdict holds until
+    ``reset`` (a new context): a stage's waiting is a property of its code, not of the moment."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.rows: dict[tuple[int, int], tuple[float, int]] = {}  # (local, remote) -> (mean rows/s, ticks)
+        self.flat = False
+
+    def update(self, workers: int, remote: int, rows: float, binds: bool) -> None:
+        if not binds or workers <= 0 or rows <= 0:
+            return
+        key = (workers, remote)
+        mean, n = self.rows.get(key, (0.0, 0))
+        self.rows[key] = (mean + (rows - mean) / (n + 1), n + 1)
+        if self.flat or n + 1 < LOCAL_FLAT_SAMPLES:
+            return
+        seen = [(w, m) for (w, r), (m, k) in self.rows.items()
+                if r == remote and k >= LOCAL_FLAT_SAMPLES and abs(w / workers - 1.0) >= LOCAL_FLAT_MOVE]
+        if not seen:
+            return
+        other, other_rows = min(seen, key=lambda wm: abs(math.log(wm[0] / workers)))
+        now = self.rows[key][0]
+        rows_fewer, rows_more = (other_rows, now) if other < workers else (now, other_rows)
+        more_workers = max(other, workers) / min(other, workers) - 1.0
+        self.flat = rows_more / rows_fewer - 1.0 < LOCAL_FLAT_GAIN * more_workers
 
 
 class RemoteSizer:
@@ -242,7 +300,8 @@ class RemoteSizer:
     - known demand, met for ``PATIENCE_TICKS``: once the workers exceed the need by ``SHED_MARGIN``,
       shed half the excess; a shortfall ``PATIENCE_TICKS`` after a shed undoes it, and sheds wait
       ``4 * PATIENCE_TICKS`` (doubled at each undone shed in a row, at most 8 times);
-    - unknown demand, the local CPUs saturated or the stage the bottleneck: add a step of workers
+    - unknown demand, the local CPUs saturated or the stage the bottleneck (busy, with no free CPU, with
+      waiting local workers, or with local workers whose measured gain is flat, ``LocalGain``): add a step of workers
       expected to raise the rows/s by ``STEP_SHARE`` and keep it if it pays (``remote_pays``), else undo
       it and wait; every ``PROBE_EVERY`` settled ticks shed a step, and restore it if it was paying.
 
@@ -264,6 +323,7 @@ class RemoteSizer:
         self.cpu_per_row: dict[str, float | None] = {n: None for n in self.knobs}
         self.local_rate: dict[str, float | None] = {n: None for n in self.knobs}
         self.local_cap: dict[str, float | None] = {n: None for n in self.knobs}  # rows/s waiting local workers top at
+        self.local_gain = {n: LocalGain() for n in self.knobs}
         self.expected: dict[str, int] = {n: k.value for n, k in self.knobs.items()}
         self.changed_at = 0
         self.history: deque[float] = deque(maxlen=2)
@@ -310,6 +370,8 @@ class RemoteSizer:
             self.failures, self.blocked_until, self.shed_from = 0, 0, None
             self.shed_failures, self.shed_blocked_until = 0, 0
             self.local_cap = {n: None for n in self.knobs}
+            for gain in self.local_gain.values():
+                gain.reset()
         running = {n: k.value for n, k in self.knobs.items()}
         if running != self.expected:  # not our change: a node lost its workers, or the runner clamped
             self.expected = running
@@ -321,6 +383,7 @@ class RemoteSizer:
         stage = self.knobs[name].stage
         reading = read_remote_stage(obs, stage)
         self._measure(name, reading, reading.local_cpus_used >= SATURATED * obs.cpus)
+        self.local_gain[name].update(reading.local_workers, reading.remote_workers, obs.throughput, binds(obs, stage))
         if self.tick - self.changed_at >= 1:
             self.history.append(obs.throughput)
         if self.tick - self.changed_at < SETTLE_TICKS or len(self.history) < 2:
@@ -400,11 +463,11 @@ class RemoteSizer:
         stage = self.knobs[name].stage
         # saturated local CPUs call for remote workers only where the CPUs they free can raise the rows/s
         saturated = reading.local_cpus_used >= SATURATED * obs.cpus and binds_on_waiting_stage(obs, stage) is None
-        neck = obs.stage(stage)
-        # the stage binds and its local workers cannot grow into free CPUs: there are none, or its busy
-        # workers wait rather than compute (more of them would not use the CPUs)
-        bottleneck = (neck.busy >= SATURATED and neck.busy >= max(s.busy for s in obs.stages)
-                      and (obs.free_cpus < 1 or reading.local_workers_wait))
+        # the stage binds and its local workers cannot grow into free CPUs: there are none, its busy workers
+        # wait rather than compute (more of them would not use the CPUs), or more of them measurably added
+        # no rows (``LocalGain``)
+        bottleneck = binds(obs, stage) and (obs.free_cpus < 1 or reading.local_workers_wait
+                                            or self.local_gain[name].flat)
         if obs.demand > 0:
             return self._for_demand(obs, reading, rows, r, rho, c, busy, saturated or bottleneck)
         return self._for_gain(rows, r, rho, c, reading, busy, saturated, bottleneck)
