@@ -311,6 +311,24 @@ def test_the_policy_acts_by_its_configs_decision_rule(decision, move):
     assert {name: request[name] - before[name] for name in workers} == dict.fromkeys(workers, move)
 
 
+@pytest.mark.parametrize(("decision", "move"), [("argmax", -5), ("mean", -1)])
+def test_the_network_proposes_to_the_steering_rules_by_its_configs_decision_rule(decision, move):
+    from intune.agent.config import AgentConfig
+    from intune.agent.policy import NetworkProposer
+    from intune.policies.safety import SafetyLayer
+
+    sim = Simulator(load_workload("criteo", memory_limit_gb=380), cpus=64, seed=0)
+    config = AgentConfig(decision=decision)
+    proposer = NetworkProposer(SplitHead(), config)
+    obs = sim.reset()
+    proposer.reset(sim.knobs, obs)
+    safety = SafetyLayer(list(sim.knobs.values()), config.action_deltas, config.memory_margin, config.trim_margin)
+    values = [k.value for k in safety.knobs]
+    mask = np.ones((len(values), len(config.action_deltas)), dtype=bool)
+    chosen = proposer(obs, values, mask).argmax(axis=1)
+    assert set(safety.deltas[chosen].tolist()) == {move}  # intune's move for this head, not the raw argmax
+
+
 def test_validation_scores_a_network_under_the_decision_rule_it_will_act_by():
     from intune.agent.config import AgentConfig
     from intune.agent.evaluate import score_episode

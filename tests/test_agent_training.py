@@ -58,18 +58,20 @@ def test_global_only_hides_the_stage_signals():
     assert np.allclose(full[:, kept], [1 / 8, 1 / 8])  # one worker of 8 CPUs each
 
 
-def test_the_gain_feature_is_the_relative_rate_change_per_relative_worker_change_at_the_last_move():
+def test_the_gain_feature_is_the_relative_rate_change_per_relative_worker_change_at_the_last_binding_move():
     """A stage waiting on I/O and one waiting on the GIL look alike in one tick (busy, little CPU per
     worker); what an added worker did to the stage's rate tells them apart, and it is kept until the
-    next move, through a checkpoint too."""
+    next move, through a checkpoint too. Only a move made alone while the stage bound counts: the rate of
+    a stage that does not bind follows the pipeline's whatever its workers, and a second stage's move
+    shares the change of rate."""
     from dataclasses import replace
 
     sim = _sim(0)
     obs = sim.reset()
     read, udf = obs.stages
 
-    def tick(workers: int, rate: float):
-        return replace(obs, stages=(read, replace(udf, workers=workers, items_per_s=rate)))
+    def tick(workers: int, rate: float, busy: float = 1.0):
+        return replace(obs, stages=(read, replace(udf, workers=workers, items_per_s=rate, busy=busy)))
 
     gain, known = KNOB_FEATURES.index("gain"), KNOB_FEATURES.index("gain_known")
     udf_row = list(sim.knobs).index("udf.workers")
@@ -88,8 +90,17 @@ def test_the_gain_feature_is_the_relative_rate_change_per_relative_worker_change
     resumed.load_state_dict(builder.state_dict())
     rows = resumed.rows(tick(2, 45.0))  # -50% workers, -50% rows: every worker counted
     assert rows[udf_row, gain] == pytest.approx(1.0)
-    rows = resumed.rows(tick(3, 450.0))  # +50% workers, +900% rows: clipped
+    rows = resumed.rows(tick(3, 450.0, busy=0.4))  # +50% workers, +900% rows: clipped
     assert rows[udf_row, gain] == pytest.approx(2.0)
+    rows = resumed.rows(tick(1, 450.0))  # moved while busy 0.4 (another stage bound): not measured
+    assert rows[udf_row, gain] == pytest.approx(2.0) and rows[udf_row, known] == 1
+    fresh = FeatureBuilder(sim.knobs)
+    fresh.rows(tick(4, 100.0, busy=0.5))
+    assert fresh.rows(tick(2, 100.0))[udf_row, known] == 0  # the only move was made while it did not bind
+    both = FeatureBuilder(sim.knobs)
+    both.rows(tick(2, 100.0))
+    swapped = replace(obs, stages=(replace(read, workers=read.workers + 1), replace(udf, workers=1, items_per_s=100.0)))
+    assert both.rows(swapped)[udf_row, known] == 0  # the reader moved too: the change of rate is shared
     blind = FeatureBuilder(sim.knobs, global_only=True)
     blind.rows(tick(1, 100.0))
     assert np.all(blind.rows(tick(2, 150.0))[:, [gain, known]] == 0)

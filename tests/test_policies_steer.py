@@ -244,6 +244,23 @@ def test_idle_cpus_are_filled_one_by_one_without_the_plus_five_action():
     assert store["read.workers"] == 3
 
 
+@pytest.mark.parametrize(("proposer", "read_busy", "added"), [(True, 0.9, 1), (True, 1.0, 5), (False, 0.9, 5)])
+def test_behind_a_proposer_idle_cpus_go_five_at_a_time_only_to_a_saturated_stage(proposer, read_busy, added):
+    # a proposer cuts a stage to what its load needs; +5 at busy 0.9 would give the cut back every time
+    knobs, store = _knobs()
+
+    def busy(s):
+        return {"read": read_busy, "udf": 0.5}
+
+    policy = SteerPolicy(fixed() if proposer else None, config=SteerConfig(probe_after=0))
+    policy.reset(knobs, _busy_obs(store, 0, 10_000.0, busy, 16.0))
+    store.update(policy.step(_busy_obs(store, 1, 10_000.0, busy, 16.0)))  # the start: the even split
+    store.update({"read.workers": 2, "udf.workers": 2})  # 12 CPUs idle
+    store.update(policy.step(_busy_obs(store, 2, 20_000.0, busy, 16.0)))
+    assert (store["read.workers"], store["udf.workers"]) == (2 + added, 2)
+    assert policy.last_rules == ("fill_idle_cpus",)
+
+
 def _busy_obs(store, tick, throughput, busy, cpus):
     """read and udf stages with the given busy shares (the rest of the tick starved)."""
     stages = tuple(

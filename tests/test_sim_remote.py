@@ -210,12 +210,13 @@ def test_the_oracle_holds_the_fewest_and_refits_after_a_node_loss():
 # was re-recorded with the weights of 2026-11-24 (the mean rule) on the code that shipped them (the
 # previous weights, argmax, gave 6f237461c79fde9b there, as on 8bf0883), and again when the memory mask
 # began pricing several added workers at their stages' own slopes (2bdb0b7a9b685da3 before), and
-# again when the network that reads each stage's measured gain was shipped (4763a19decf1748a before).
+# again when the network that reads each stage's measured gain was shipped (4763a19decf1748a before), and
+# again when the gain was read only at a binding stage's lone moves (79311b6206808b32 before).
 NO_POOL_FINGERPRINTS = {
     ("criteo", "steer"): "2a95b76e00aa7fc6",
     ("production", "heuristic"): "cd073dfc84f62e00",
     ("irregular-tail", "plumber"): "cfb8eddee889ce48",
-    ("criteo", "intune"): "79311b6206808b32",
+    ("criteo", "intune"): "c33ebde6dc9d56f1",
     ("production", "autotune"): "49fdb4c45f5fb228",
     ("ladder-5", "oracle"): "59a1aa4ef16dec7b",
 }

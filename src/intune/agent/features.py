@@ -44,8 +44,9 @@ KNOB_FEATURES: tuple[str, ...] = (
     "cost_share",  # the stage's busy wall seconds per row / the sum over stages: its share of the work per row
     "headroom",  # log2(the stage's rows/s if its workers were always busy / throughput) / 4, in [0, 1]
     "light",  # its workers wait on something other than the CPUs (``Observation.light_stages``)
-    "gain",  # at the stage's last worker move: relative change of its rate / relative change of its workers, in [-1, 2]
-    "gain_known",  # 1 once the stage's workers moved and the gain was measured
+    "gain",  # at the stage's last worker move made alone while it bound (GAIN_BUSY): relative change of its
+    # rate / relative change of its workers, in [-1, 2]
+    "gain_known",  # 1 once such a move was measured
     *(f"kind_{kind}" for kind in KINDS),  # what the stage does, as it declares it
 )
 CONTEXT_FEATURES: tuple[str, ...] = (
@@ -62,6 +63,11 @@ CONTEXT_FEATURES: tuple[str, ...] = (
     "mean_starved",
     "over_allocated",  # workers past the CPU budget / CPUs (after a shrink), capped at 1
 )
+GAIN_BUSY = 0.9
+"""A stage's gain is measured only at a move made while it was busy at least this share (it bound), and
+only where no other stage's workers moved in the same tick: the rate of a stage that does not bind
+follows the pipeline's whatever its workers, and a second stage's move shares the change of rate."""
+
 N_FEATURES = len(KNOB_FEATURES) + len(CONTEXT_FEATURES)
 
 _STAGE_SIGNALS = ("busy", "starved", "blocked", "queue_fill", "work_share", "cpu_per_wall", "buffered_share", "rate_change",
@@ -96,10 +102,11 @@ class FeatureBuilder:
         self.last_stage_rate: dict[str, float] = {}
         self.last_stage_workers: dict[str, int] = {}
         self.stage_gain: dict[str, float] = {}
+        self.last_stage_busy: dict[str, float] = {}
 
     def state_dict(self) -> dict[str, Any]:
         """What the features remember across ticks (best and last throughput, the CPU count and ticks
-        since it changed, each stage's last rate, workers and measured gain), as plain values for a
+        since it changed, each stage's last rate, workers, busy share and measured gain), as plain values for a
         checkpoint."""
         return {
             "best_throughput": float(self.best_throughput),
@@ -109,6 +116,7 @@ class FeatureBuilder:
             "last_stage_rate": {name: float(v) for name, v in self.last_stage_rate.items()},
             "last_stage_workers": {name: int(v) for name, v in self.last_stage_workers.items()},
             "stage_gain": {name: float(v) for name, v in self.stage_gain.items()},
+            "last_stage_busy": {name: float(v) for name, v in self.last_stage_busy.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -122,6 +130,7 @@ class FeatureBuilder:
         self.last_stage_rate = {str(n): float(v) for n, v in state["last_stage_rate"].items()}
         self.last_stage_workers = {str(n): int(v) for n, v in state.get("last_stage_workers", {}).items()}
         self.stage_gain = {str(n): float(v) for n, v in state.get("stage_gain", {}).items()}
+        self.last_stage_busy = {str(n): float(v) for n, v in state.get("last_stage_busy", {}).items()}
         self.last_deltas = np.zeros(len(self.knob_names), dtype=np.float32)
 
     def applied(self, deltas: Sequence[int]) -> None:
@@ -168,15 +177,18 @@ class FeatureBuilder:
         self.last_throughput = thr
 
         rate_change: dict[str, float] = {}
+        moved = [s.name for s in stages if s.workers != self.last_stage_workers.get(s.name, s.workers)]
         for s in stages:
             last = self.last_stage_rate.get(s.name, s.items_per_s)
             last_workers = self.last_stage_workers.get(s.name, s.workers)
-            if s.workers != last_workers and last_workers > 0 and last > 0:
+            bound = self.last_stage_busy.get(s.name, 0.0) >= GAIN_BUSY
+            if moved == [s.name] and last_workers > 0 and last > 0 and bound:
                 relative = (s.items_per_s - last) / last / ((s.workers - last_workers) / last_workers)
                 self.stage_gain[s.name] = max(-1.0, min(2.0, relative))
             rate_change[s.name] = max(-1.0, min(1.0, (s.items_per_s - last) / max(last, s.items_per_s, 1e-9)))
             self.last_stage_rate[s.name] = s.items_per_s
             self.last_stage_workers[s.name] = s.workers
+            self.last_stage_busy[s.name] = s.busy
 
         cost = {s.name: _wall_s_per_row(s) for s in stages}
         total_cost = sum(cost.values()) or 1.0

@@ -289,11 +289,14 @@ class IntunePolicy:
 
 
 class NetworkProposer:
-    """The network's Q-values as a proposal for the steering rules (``intune+steer``)."""
+    """The network's choice as a proposal for the steering rules (``intune+steer``): its Q-values under
+    its decision rule (``AgentConfig.decision``), as ``intune`` decides. Raw Q-values would act on the
+    argmax, a full-size move where a network trained for the ``mean`` rule splits its head."""
 
     def __init__(self, q: QNetwork, config: AgentConfig) -> None:
         self.q = q
         self.config = config
+        self.deltas = np.asarray(config.action_deltas, dtype=np.int64)
 
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self.chooser = NetworkChooser(self.q, self.config, knobs)
@@ -306,7 +309,7 @@ class NetworkProposer:
         self.chooser.builder.load_state_dict(state["features"])
 
     def __call__(self, observation: Observation, values: list[int], mask: np.ndarray) -> np.ndarray:
-        return self.chooser.q_values(observation)
+        return decision_scores(self.chooser.q_values(observation), mask, self.deltas, self.config.decision)
 
 
 def network_with_rules(weights: str | Path | None = None, **steer_kwargs: Any):

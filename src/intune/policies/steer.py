@@ -84,6 +84,12 @@ class SteerConfig:
     fill_busy: float = 0.8
     """Free CPUs go to the busiest stage only if its workers are busy at least this share of the tick."""
 
+    fill_saturated: float = 0.97
+    """Behind a proposer (``intune+steer``), busy share from which the busiest stage takes +5 from 5 free
+    CPUs (below it, +1): a proposer cuts a stage to what its measured load needs, and +5 at ``fill_busy``
+    gives the cut back, so that the two undo each other every few ticks. A saturated stage's need is
+    unknown (it takes every row it can). Without a proposer nothing cuts, and +5 ramps the stage."""
+
     swap_busy: float = 0.9
     """Busy share from which a stage is a bottleneck whose workers are kept and to which idle workers move."""
 

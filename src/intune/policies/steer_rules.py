@@ -313,9 +313,10 @@ def probe_moves(p: SteerPolicy, t: Tick) -> list[dict[int, int]]:
 
 def fill_idle_cpus(p: SteerPolicy, t: Tick) -> np.ndarray | None:
     """CPUs left free after the moves so far (at least ``fill_free_cpus``) go to the busiest stage, +5
-    when 5 are free, else +1, if its workers are busy at least ``fill_busy`` and not light (those wait
-    on something else than the CPUs): an idle CPU earns nothing. Not when the moves already add there,
-    a step back to a better vector is due, or the memory knows the result to be worse."""
+    when 5 are free (behind a proposer, only if it is saturated: ``fill_saturated``), else +1, if its
+    workers are busy at least ``fill_busy`` and not light (those wait on something else than the
+    CPUs): an idle CPU earns nothing. Not when the moves already add there, a step back to a better
+    vector is due, or the memory knows the result to be worse."""
     if p.config.fill_free_cpus <= 0 or not len(t.cpu):
         return None
     free = t.free - int(t.worker_moves().sum())
@@ -326,7 +327,9 @@ def fill_idle_cpus(p: SteerPolicy, t: Tick) -> np.ndarray | None:
     best = p.memory.best()
     if best is not None and p.memory.is_better(best[0], t.current):
         return None
-    for delta in (d for d in ((5, 1) if free >= 5 else (1,)) if d in t.safety.deltas):
+    saturated = p.propose is None or t.busy_of(neck) >= p.config.fill_saturated
+    steps = (5, 1) if free >= 5 and saturated else (1,)
+    for delta in (d for d in steps if d in t.safety.deltas):
         out = t.choice.copy()
         out[neck] = int(np.flatnonzero(t.safety.deltas == delta)[0])
         if t.mask[neck, out[neck]] and not p.memory.is_worse(t.after(out), t.current):
