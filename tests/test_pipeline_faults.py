@@ -191,13 +191,20 @@ def test_ctrl_c_in_the_consumer_stops_within_5s_and_leaves_no_child(tmp_path):
             """
         )
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    # -X faulthandler: a consumer that does not stop dumps its threads' stacks on SIGABRT, into the failure
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("PIDS"), line
     pids = [int(p) for p in line.split()[1:]]
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=10)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, stacks = proc.communicate(timeout=10)
+        pytest.fail(f"the consumer did not stop within 10 s of Ctrl-C; its threads:\n{stacks[-8000:]}")
     assert time.monotonic() - t0 < 5
     assert proc.returncode != 0
     assert not still_running(pids, within_s=3.0), "worker processes survived Ctrl-C"
