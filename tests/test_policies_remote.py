@@ -265,31 +265,47 @@ def test_the_sizer_refuses_a_pipeline_without_remote_knobs():
         RemoteSizer({"udf.workers": Knob("udf.workers", "cpu", 1, 8, lambda: 1, lambda v: None)})
 
 
-def _saturated_behind(parse_workers: int) -> Observation:
-    """8 CPUs, 7.4 used: a parser busy all the time on 2.1 CPUs binds; the remote stage ``udf`` is busy 0.8."""
-    items = 500.0  # chunks/s of 1,000 rows
+def _saturated_behind(parse_workers: int, udf_cpu: float = 4.0, items: float = 500.0) -> Observation:
+    """8 CPUs, 7.4 used (``udf_cpu`` 4.0): a parser busy all the time on 2.1 CPUs binds; the remote stage
+    ``udf`` is busy 0.8; ``items`` chunks/s of 1,000 rows."""
 
     def stage(name, workers, busy, cpu, **extra):
         return StageObservation(name, workers, 0, items, items * 1000, cpu / items, workers * busy / items, 0.0,
                                 busy, 0.0, 0.0, 0.5, 0.0, **extra)
 
     stages = (stage("parse", parse_workers, 1.0, 2.1, mode="thread"),
-              stage("udf", 5, 0.8, 4.0, remote_workers=0),
+              stage("udf", 5, 0.8, udf_cpu, remote_workers=0),
               stage("batch", 2, 0.5, 1.3))
     return Observation(1, 1.0, items * 1000, 0.0, 8.0, 1e9, 1e10, stages, remote_cpus=32.0)
 
 
-@pytest.mark.parametrize("parse_workers, adds", [(30, False), (3, True)])
-def test_saturated_cpus_call_for_remote_workers_only_where_the_binding_stage_computes(parse_workers, adds):
-    # 30 parser workers using 2.1 CPUs wait (0.07 CPU each, on the GIL): the CPUs a remote udf worker frees
-    # buy no row; 3 using them (0.7 each) compute, and would use what it frees
+def _sizer_requests(observations: list[Observation]) -> list[dict[str, int]]:
     knob = Knob("udf.remote_workers", "cpu", 0, 64, lambda: 0, lambda v: None)
     sizer = RemoteSizer({"udf.remote_workers": knob})
+    sizer.reset(observations[0])
+    return [sizer.step(dataclasses.replace(obs, tick=t)) for t, obs in enumerate(observations, start=1)]
+
+
+@pytest.mark.parametrize("parse_workers", [3, 30])
+def test_saturated_cpus_call_for_remote_workers_behind_a_binding_stage_not_measured_capped(parse_workers):
+    # 3 parser workers using 2.1 CPUs compute (0.7 each); 30 wait (0.07 each), which may be a GIL or only
+    # I/O: on a saturated machine an I/O stage's growth needs the CPUs a remote udf worker frees. Without a
+    # measured gain of the parser's workers, the addition is tried
     obs = _saturated_behind(parse_workers)
-    assert binds_on_waiting_stage(obs, "udf") == (None if adds else "parse")
-    sizer.reset(obs)
-    requests = [sizer.step(dataclasses.replace(obs, tick=t)) for t in range(1, 40)]
-    assert any(requests) == adds
+    assert binds_on_waiting_stage(obs, "udf") == (None if parse_workers == 3 else "parse")
+    assert any(_sizer_requests([obs] * 40))
+
+
+@pytest.mark.parametrize("rows_at_more_workers, adds", [(500.0, False), (700.0, True)])
+def test_saturated_cpus_call_for_no_remote_worker_behind_a_waiting_stage_whose_workers_measured_flat(
+        rows_at_more_workers, adds):
+    # the local policy ran the waiting parser at 30 then 20 workers while the CPUs had room (udf on 3 of
+    # 8): the same rows at both, it is capped (a GIL) and the CPUs a remote udf worker frees buy nothing
+    # there; 40% more rows at 30, it grows with workers and the addition is tried
+    items = rows_at_more_workers
+    tried = ([_saturated_behind(30, udf_cpu=3.0, items=items)] * 2 + [_saturated_behind(20, udf_cpu=3.0)] * 2
+             + [_saturated_behind(30, items=items)] * 36)
+    assert any(_sizer_requests(tried)) == adds
 
 
 def test_a_binding_stages_local_gain_is_flat_when_more_workers_add_under_a_quarter_of_their_share():

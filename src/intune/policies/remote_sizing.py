@@ -197,9 +197,10 @@ def binds_on_waiting_stage(obs: Observation, stage: str) -> str | None:
     stage, busy at least ``SATURATED``, not ``stage`` (which is itself less busy), whose busy workers
     use less than ``WAITING_SHARE`` of a CPU each (a GIL, a lock, I/O).
 
-    Why: a remote worker raises the rows/s behind a saturated machine only by freeing local CPUs for
-    the stage that binds; a binding stage whose workers wait on something else than the CPUs gains
-    nothing from free CPUs (more of its own workers, the local policy's move, is what could help)."""
+    Such a stage may be capped (a GIL, a lock: no worker count raises it, and the CPUs a remote worker
+    frees buy no row) or only short of workers that each need some CPU (I/O: on a saturated machine its
+    growth needs the CPUs a remote worker frees). Its waiting alone does not tell which;
+    ``RemoteSizer`` asks its measured gain (``LocalGain``)."""
     own = obs.stage(stage)
     busiest = max(obs.stages, key=lambda s: s.busy)
     if busiest.name == stage or busiest.busy < SATURATED or own.busy >= busiest.busy:
@@ -306,7 +307,10 @@ class RemoteSizer:
       it and wait; every ``PROBE_EVERY`` settled ticks shed a step, and restore it if it was paying.
 
     Saturated local CPUs do not count where another stage binds whose workers wait rather than compute
-    (``binds_on_waiting_stage``): the CPUs a remote worker frees would buy nothing there.
+    (``binds_on_waiting_stage``) and whose own workers were measured flat (``LocalGain``, kept for every
+    stage from the local policy's moves): the stage is capped, and the CPUs a remote worker frees would
+    buy nothing there. A waiting stage not measured flat may only be short of workers that need CPUs
+    (I/O on a saturated machine): the addition is tried, and undone if it does not pay.
 
     Several remote stages: the one whose local rows cost the most CPU is sized, the others hold.
     """
@@ -323,7 +327,7 @@ class RemoteSizer:
         self.cpu_per_row: dict[str, float | None] = {n: None for n in self.knobs}
         self.local_rate: dict[str, float | None] = {n: None for n in self.knobs}
         self.local_cap: dict[str, float | None] = {n: None for n in self.knobs}  # rows/s waiting local workers top at
-        self.local_gain = {n: LocalGain() for n in self.knobs}
+        self.local_gain: dict[str, LocalGain] = {s.name: LocalGain() for s in observation.stages}  # by stage
         self.expected: dict[str, int] = {n: k.value for n, k in self.knobs.items()}
         self.changed_at = 0
         self.history: deque[float] = deque(maxlen=2)
@@ -383,7 +387,7 @@ class RemoteSizer:
         stage = self.knobs[name].stage
         reading = read_remote_stage(obs, stage)
         self._measure(name, reading, reading.local_cpus_used >= SATURATED * obs.cpus)
-        self.local_gain[name].update(reading.local_workers, reading.remote_workers, obs.throughput, binds(obs, stage))
+        self._measure_gains(obs)
         if self.tick - self.changed_at >= 1:
             self.history.append(obs.throughput)
         if self.tick - self.changed_at < SETTLE_TICKS or len(self.history) < 2:
@@ -404,6 +408,14 @@ class RemoteSizer:
             return next(iter(self.knobs))
         cost = {n: read_remote_stage(obs, k.stage).local_cpu for n, k in self.knobs.items()}
         return max(cost, key=cost.__getitem__)
+
+    def _measure_gains(self, obs: Observation) -> None:
+        """Each stage's ``LocalGain`` at this tick, its rows compared at the same remote workers (all of the
+        pipeline's: a remote worker anywhere changes what the same local workers deliver)."""
+        remote = obs.allocated_remote_cpus
+        for s in obs.stages:
+            gain = self.local_gain.setdefault(s.name, LocalGain())
+            gain.update(s.workers, remote, obs.throughput, binds(obs, s.name))
 
     def _measure(self, name: str, reading: RemoteReading, saturated: bool) -> None:
         per_row = reading.stage_cpu_per_row
@@ -461,13 +473,16 @@ class RemoteSizer:
                 self.last_action = "shed_idle"
                 return keep
         stage = self.knobs[name].stage
-        # saturated local CPUs call for remote workers only where the CPUs they free can raise the rows/s
-        saturated = reading.local_cpus_used >= SATURATED * obs.cpus and binds_on_waiting_stage(obs, stage) is None
+        # saturated local CPUs call for remote workers unless the stage that binds elsewhere is capped: its
+        # workers wait and more of them measurably added no rows (the CPUs a remote worker frees buy none)
+        waiting = binds_on_waiting_stage(obs, stage)
+        capped = waiting is not None and self.local_gain[waiting].flat
+        saturated = reading.local_cpus_used >= SATURATED * obs.cpus and not capped
         # the stage binds and its local workers cannot grow into free CPUs: there are none, its busy workers
         # wait rather than compute (more of them would not use the CPUs), or more of them measurably added
         # no rows (``LocalGain``)
         bottleneck = binds(obs, stage) and (obs.free_cpus < 1 or reading.local_workers_wait
-                                            or self.local_gain[name].flat)
+                                            or self.local_gain[stage].flat)
         if obs.demand > 0:
             return self._for_demand(obs, reading, rows, r, rho, c, busy, saturated or bottleneck)
         return self._for_gain(rows, r, rho, c, reading, busy, saturated, bottleneck)
