@@ -327,7 +327,7 @@ class RemoteSizer:
         self.cpu_per_row: dict[str, float | None] = {n: None for n in self.knobs}
         self.local_rate: dict[str, float | None] = {n: None for n in self.knobs}
         self.local_cap: dict[str, float | None] = {n: None for n in self.knobs}  # rows/s waiting local workers top at
-        self.local_gain: dict[str, LocalGain] = {s.name: LocalGain() for s in observation.stages}  # by stage
+        self.local_gain: dict[str, LocalGain] = {}  # by stage, made at its first reading (``_measure_gains``)
         self.expected: dict[str, int] = {n: k.value for n, k in self.knobs.items()}
         self.changed_at = 0
         self.history: deque[float] = deque(maxlen=2)
