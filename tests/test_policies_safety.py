@@ -385,3 +385,43 @@ def test_the_level_fit_runs_only_where_the_coarse_price_binds(monkeypatch):
     tight = _obs(values, cpus=256, used_gb=used, limit_gb=(used + 0.3) / 0.8)
     safety.mask(tight)
     assert calls
+
+
+def test_what_one_tick_computes_once_is_what_a_layer_without_that_tick_s_memory_computes():
+    # the fits and prices kept for the rest of a tick (and the ridge fit kept until a worker moves) must
+    # never answer for another tick or another allocation: at every tick of a tight-memory episode, the
+    # layer that tracked it answers as a fresh layer loaded from its state, which has computed nothing yet
+    assert _ticks_checked_against_fresh_layers(seed=1) + _ticks_checked_against_fresh_layers(seed=4) == 240
+
+
+def _ticks_checked_against_fresh_layers(seed: int) -> int:
+    from intune.policies import make
+    from intune.sim import run_episode
+
+    sim = random_sim(np.random.default_rng(seed), AgentConfig(tight_memory_probability=1.0), ticks=120)
+    knobs = list(sim.knobs.values())
+    safety = SafetyLayer(knobs, DELTAS)
+    checked = 0
+
+    def on_tick(obs: Observation, applied: dict[str, int]) -> None:
+        nonlocal checked
+        values = [k.value for k in knobs]
+        safety.mask(obs, values)
+        state = safety.state_dict()
+
+        def fresh() -> SafetyLayer:  # a layer that has computed nothing for this tick
+            layer = SafetyLayer(knobs, DELTAS)
+            layer.load_state_dict(state)
+            layer._restarting = safety._restarting  # not part of the state: an OOM's restart is not resumed
+            return layer
+
+        for trial in (values, [2 * v + 1 for v in values], values):
+            assert safety.worst_case_memory(obs, trial) == fresh().worst_case_memory(obs, trial)
+            assert safety.worker_budget(obs, trial) == fresh().worker_budget(obs, trial)
+        assert safety.settled_memory(obs) == fresh().settled_memory(obs)
+        for refined in (False, True):
+            assert np.array_equal(safety.stage_worker_bytes(obs, refined), fresh().stage_worker_bytes(obs, refined))
+        checked += 1
+
+    run_episode(sim, make("steer"), 120, on_tick=on_tick)
+    return checked

@@ -94,9 +94,14 @@ class NumpyQ:
         # the mix layer reads [knob, pooled]: split, so the K-row product is K x H x H and the pooled row
         # is multiplied once (a K x 2H x H product past OpenBLAS's threshold wakes its threads to spin)
         self._mix_knob, self._mix_pooled, self._mix_bias = mix[0][:, :hidden], mix[0][:, hidden:], mix[1]
+        # one network: its weights as plain matrices, for the one-state decision (no member axis to broadcast)
+        self._single = None if len(members) > 1 else tuple(
+            w[0] for w in (*self._embed, self._mix_knob, self._mix_pooled, self._mix_bias, *self._head, *self._value))
 
     def __call__(self, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """``rows [..., K, F]`` float32, ``valid [..., K]`` -> Q-values ``[..., K, A]`` (as the network)."""
+        if self._single is not None and rows.ndim == 2:
+            return self._one_state(rows, valid)
         lead = (slice(None),) + (None,) * (rows.ndim - 2)  # members first, then the caller's batch axes
 
         def layer(x: np.ndarray, weights: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -110,6 +115,19 @@ class NumpyQ:
         advantage = layer(h, self._head)  # [M, ..., K, A]
         value = layer((h * weights).sum(-2, keepdims=True) / count, self._value)  # [M, ..., 1, 1]
         return ((value + advantage - advantage.mean(-1, keepdims=True)) * weights).mean(0)
+
+    def _one_state(self, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """``__call__`` for one network and one state (``rows [K, F]``): the same products in the same
+        order, so the same bits, without the member axis (a decision takes ~15 us less)."""
+        embed, embed_bias, mix_knob, mix_pooled, mix_bias, head, head_bias, value_w, value_bias = self._single
+        weights = valid.astype(rows.dtype)[:, None]
+        count = np.maximum(weights.sum(-2, keepdims=True), 1.0)
+        h = np.maximum(rows @ embed + embed_bias, 0.0)
+        pooled = (h * weights).sum(-2, keepdims=True) / count
+        h = np.maximum(h @ mix_knob + pooled @ mix_pooled + mix_bias, 0.0)
+        advantage = h @ head + head_bias
+        value = ((h * weights).sum(-2, keepdims=True) / count) @ value_w + value_bias
+        return (value + advantage - advantage.mean(-1, keepdims=True)) * weights
 
 
 def parameter_count(net: nn.Module) -> int:

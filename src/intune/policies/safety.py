@@ -77,12 +77,16 @@ class SafetyLayer:
         self._still: list[float] = []  # change of memory outside buffers on ticks the workers held
         self._levels: list[tuple[int, float]] = []  # (workers, memory outside buffers) on recent ticks
         self._cpu = np.flatnonzero(self._is_cpu)
+        self._mb = np.flatnonzero(~self._is_cpu)
+        self._order = np.argsort(np.abs(self.deltas), kind="stable")  # on ties, prefer holding, then small moves
         # last tick: workers per CPU knob's stage, and memory outside buffers
         self._last_point: tuple[np.ndarray, float] | None = None
         # (change of workers per CPU knob, change of memory outside buffers) on ticks any of them moved
         self._stage_changes: list[tuple[np.ndarray, float]] = []
-        # (workers per CPU knob, memory outside buffers) on recent ticks
-        self._stage_levels: list[tuple[np.ndarray, float]] = []
+        # workers per CPU knob (rows) and memory outside buffers on recent ticks, as arrays: the fit reads
+        # all of them every tick
+        self._stage_level_x = np.zeros((0, len(self._cpu)))
+        self._stage_level_y = np.zeros(0)
         # one tick asks for the step units and a worker's cost several times: computed once per observation
         self._units: tuple[Observation, np.ndarray] | None = None
         self._worker_bytes: tuple[Observation, float] | None = None
@@ -90,6 +94,13 @@ class SafetyLayer:
         self._coarse_bytes: tuple[Observation, np.ndarray] | None = None
         self._noise_of: tuple[Observation, float] | None = None
         self._probe: tuple[Observation, np.ndarray] | None = None
+        self._fit_of: tuple[Observation, tuple[int, float, float, float, float, float] | None] | None = None
+        self._stage_bounds: tuple[Observation, np.ndarray] | None = None
+        self._worst: tuple[Observation, tuple[int, ...], float] | None = None
+        self._worker_room: tuple[Observation, tuple[tuple[int, ...], float], float] | None = None
+        # the ridge fit of the per-stage changes, kept while ``_stage_changes`` is the same list: it changes
+        # only on ticks a worker moved, and only the noise term of its error depends on the tick
+        self._change_fit: tuple[list, np.ndarray, np.ndarray, np.ndarray] | None = None
         # from an OOM until rows flow again: the job restarts, and its memory reads as the base alone
         self._restarting = False
 
@@ -99,18 +110,21 @@ class SafetyLayer:
         and how noisy the memory reading is from how it moved while the workers did not."""
         self._worker_bytes = None
         self._stage_bytes = self._coarse_bytes = None
+        self._fit_of = self._stage_bounds = self._worst = self._worker_room = None
         self._restarting = obs.oom or (self._restarting and obs.throughput <= 0)
         if obs.oom or obs.throughput <= 0:
             self._last_point = None
             if obs.oom:
                 self._levels = []  # a restarted job's base may differ
-                self._stage_levels = []
+                self._stage_level_x, self._stage_level_y = self._stage_level_x[:0], self._stage_level_y[:0]
             return
         outside = obs.memory_used_bytes - sum(s.buffered_bytes for s in obs.stages)
         self._levels = [*self._levels[-(LEVEL_TICKS - 1):], (sum(s.workers for s in obs.stages), outside)]
         by_stage = {s.name: s.workers for s in obs.stages}
         vector = np.array([by_stage.get(self._stages[k], 0) for k in self._cpu], dtype=float)
-        self._stage_levels = [*self._stage_levels[-(STAGE_LEVEL_TICKS - 1):], (vector, outside)]
+        keep = STAGE_LEVEL_TICKS - 1
+        self._stage_level_x = np.concatenate((self._stage_level_x[-keep:], vector[None, :]))
+        self._stage_level_y = np.concatenate((self._stage_level_y[-keep:], (outside,)))
         if self._last_point is not None:
             moved, dm = vector - self._last_point[0], outside - self._last_point[1]
             dw = int(moved.sum())
@@ -131,7 +145,7 @@ class SafetyLayer:
             "still": [float(d) for d in self._still],
             "levels": [[int(w), float(m)] for w, m in self._levels],
             "stage_changes": [[np.asarray(moved, dtype=float), float(dm)] for moved, dm in self._stage_changes],
-            "stage_levels": [[np.asarray(w, dtype=float), float(m)] for w, m in self._stage_levels],
+            "stage_levels": [[w.copy(), float(m)] for w, m in zip(self._stage_level_x, self._stage_level_y, strict=True)],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -142,14 +156,17 @@ class SafetyLayer:
         self._levels = [(int(w), float(m)) for w, m in state["levels"]]
         self._stage_changes = [(np.asarray(moved, dtype=float), float(dm)) for moved, dm in state["stage_changes"]]
         # a state saved before the per-stage levels were kept has none: they are measured again
-        self._stage_levels = [(np.asarray(w, dtype=float), float(m)) for w, m in state.get("stage_levels", [])]
-        for moved, _ in [*self._stage_changes, *self._stage_levels]:
+        stage_levels = [(np.asarray(w, dtype=float), float(m)) for w, m in state.get("stage_levels", [])]
+        for moved, _ in [*self._stage_changes, *stage_levels]:
             if moved.shape != (len(self._cpu),):
                 raise ValueError(
                     f"safety layer state: a worker change over {moved.shape[0]} CPU knobs, this layer has {len(self._cpu)}"
                 )
+        self._stage_level_x = np.array([w for w, _ in stage_levels]).reshape(len(stage_levels), len(self._cpu))
+        self._stage_level_y = np.array([m for _, m in stage_levels], dtype=float)
         self._last_point = None
         self._worker_bytes = self._stage_bytes = self._coarse_bytes = self._noise_of = self._units = None
+        self._fit_of = self._stage_bounds = self._worst = self._worker_room = self._change_fit = None
 
     @property
     def knows_worker_cost(self) -> bool:
@@ -210,6 +227,13 @@ class SafetyLayer:
         ``(points, mean workers, mean memory, sum of squared worker deviations, slope, sigma)``, with
         the slope 0 while the workers did not vary and sigma the residuals' standard deviation, never
         less than one reading's noise (that noise alone below three points); None without levels."""
+        if self._fit_of is not None and self._fit_of[0] is obs:
+            return self._fit_of[1]
+        fit = self._fit_levels(obs)
+        self._fit_of = (obs, fit)
+        return fit
+
+    def _fit_levels(self, obs: Observation) -> tuple[int, float, float, float, float, float] | None:
         levels = self._levels
         n = len(levels)
         if not n:
@@ -262,13 +286,15 @@ class SafetyLayer:
         out = np.full(len(self.knobs), float(MB))
         price = np.maximum(pooled, self.probe_bytes(obs)[self._cpu])
         if self._stage_changes:
-            x = np.array([c[0] for c in self._stage_changes])
-            y = np.array([c[1] for c in self._stage_changes])
-            moved = np.flatnonzero((x != 0).any(axis=0))
-            xm = x[:, moved]
-            inverse = np.linalg.inv(xm.T @ xm + 1e-3 * np.eye(len(moved)))
-            slope = inverse @ (xm.T @ y)
-            error = 2.0 * self._noise(obs) * np.sqrt(np.diag(inverse))
+            if self._change_fit is None or self._change_fit[0] is not self._stage_changes:
+                x = np.array([c[0] for c in self._stage_changes])
+                y = np.array([c[1] for c in self._stage_changes])
+                moved = np.flatnonzero((x != 0).any(axis=0))
+                xm = x[:, moved]
+                inverse = np.linalg.inv(xm.T @ xm + 1e-3 * np.eye(len(moved)))
+                self._change_fit = (self._stage_changes, moved, inverse @ (xm.T @ y), np.sqrt(np.diag(inverse)))
+            _, moved, slope, spread = self._change_fit
+            error = 2.0 * self._noise(obs) * spread
             price[moved] = np.maximum(pooled, slope + error)
         out[self._cpu] = price
         out.flags.writeable = False
@@ -299,18 +325,22 @@ class SafetyLayer:
         error of hundreds of MB, and the bound fitted on all stages' levels forgets a ramp once the
         workers stop; each stage's own ramp, kept longer, still measures it.
         """
+        if self._stage_bounds is None or self._stage_bounds[0] is not obs:
+            self._stage_bounds = (obs, self._fit_stage_levels(obs))
+        return self._stage_bounds[1]
+
+    def _fit_stage_levels(self, obs: Observation) -> np.ndarray:
         bounds = np.full(len(self._cpu), np.inf)
-        levels = self._stage_levels
-        if not levels:
+        x, y = self._stage_level_x, self._stage_level_y
+        n = len(y)
+        if not n:
             return bounds
-        x = np.array([w for w, _ in levels])
-        varied = np.flatnonzero(x.std(axis=0) > 0)
-        n = len(levels)
+        varied = np.flatnonzero((x != x[0]).any(axis=0))  # worker counts: exact, unlike a spread above 0
         if not len(varied) or n - len(varied) - 1 < LEVEL_MIN_POINTS:
             return bounds
-        xc = x[:, varied] - x[:, varied].mean(axis=0)
-        y = np.array([m for _, m in levels])
-        yc = y - y.mean()
+        xv = x[:, varied]
+        xc = xv - xv.sum(axis=0) / n  # the mean: a sum over n, as numpy's mean computes it, without its overhead
+        yc = y - y.sum() / n
         inverse = np.linalg.inv(xc.T @ xc + 1e-9 * np.eye(len(varied)))
         slope = inverse @ (xc.T @ yc)
         rss = float(np.sum((yc - xc @ slope) ** 2))
@@ -320,10 +350,15 @@ class SafetyLayer:
 
     def worst_case_memory(self, obs: Observation, values: Sequence[int]) -> float:
         """Memory if every buffer filled to its knob's size (never less than what is used now)."""
+        key = tuple(int(v) for v in values)
+        if self._worst is not None and self._worst[0] is obs and self._worst[1] == key:
+            return self._worst[2]
         buffered = {s.name: s.buffered_bytes for s in obs.stages}
         room = sum(max(0.0, v * MB - buffered.get(stage, 0.0))
-                   for stage, v, is_cpu in zip(self._stages, values, self._is_cpu, strict=True) if not is_cpu)
-        return obs.memory_used_bytes + room
+                   for stage, v, is_cpu in zip(self._stages, key, self._is_cpu, strict=True) if not is_cpu)
+        worst = obs.memory_used_bytes + room
+        self._worst = (obs, key, worst)
+        return worst
 
     def memory_budget(self, obs: Observation, values: Sequence[int]) -> float:
         """Bytes that may still be added before projected memory reaches the margin."""
@@ -344,11 +379,19 @@ class SafetyLayer:
         """
         if budget is None:
             budget = self.memory_budget(obs, values)
+        key = (tuple(int(v) for v in values), budget)
+        if self._worker_room is not None and self._worker_room[0] is obs and self._worker_room[1] == key:
+            return self._worker_room[2]
+        room = self._worker_budget(obs, values, budget)
+        self._worker_room = (obs, key, room)
+        return room
+
+    def _worker_budget(self, obs: Observation, values: Sequence[int], budget: float) -> float:
         if obs.oom or self._restarting:
             return -np.inf
         if obs.memory_limit_bytes <= 0 or budget >= 0:
             return budget
-        mb = np.flatnonzero(~self._is_cpu)
+        mb = self._mb
         buffered = {s.name: s.buffered_bytes for s in obs.stages}
         held = np.array([buffered.get(self._stages[k], 0.0) for k in mb])
         floor = obs.memory_used_bytes - float(np.maximum(held - self._lo[mb, 0] * float(MB), 0.0).sum())
@@ -388,7 +431,7 @@ class SafetyLayer:
         out = np.asarray(values, dtype=np.int64).copy()
         if obs.memory_limit_bytes <= 0:
             return out
-        mb = np.flatnonzero(~self._is_cpu)
+        mb = self._mb
         if not len(mb):
             return out
         buffered = {s.name: s.buffered_bytes for s in obs.stages}
@@ -466,7 +509,7 @@ class SafetyLayer:
         if self._past_margin(obs, budget):  # only shrinking buffers (or holding), and what ``room`` let workers do
             allowed &= ~up | self._is_cpu[:, None]
             down = self.deltas < 0
-            for k in np.flatnonzero(~self._is_cpu):
+            for k in self._mb:
                 if allowed[k, down].any():
                     allowed[k, ~down] = False
         return allowed
@@ -531,7 +574,7 @@ class SafetyLayer:
         unit = self.units(obs)
         masked = np.where(allowed, scores, -np.inf)
         choice = masked.argmax(axis=1)
-        cpu = np.flatnonzero(self._is_cpu)
+        cpu = self._cpu
         if len(cpu):
             budget = max(int(np.floor(obs.free_cpus + 1e-9)), 0)
             choice[cpu] = self._best_under_cpu_budget(masked[cpu], budget)
@@ -561,7 +604,7 @@ class SafetyLayer:
 
         Most ticks each knob's own best action already fits the budget together; that is then the answer
         and the programme is skipped (with both CPUs busy: 0.70 -> 0.44 ms per decision)."""
-        order = np.argsort(np.abs(self.deltas), kind="stable")  # on ties, prefer holding, then small moves
+        order = self._order
         own_best = order[np.argmax(scores[:, order], axis=1)]
         if int(self.deltas[own_best].sum()) <= budget:
             return own_best
