@@ -1,4 +1,5 @@
-"""``intune bench agent`` on a tiny run (criteo, one held-out spec from each default seed, 20-tick phases,
+"""``intune bench agent`` on a tiny run (criteo, one held-out and one waiting spec from each default seed,
+the live benchmark's pipeline and the waiting specs on small machines of 2 and 4 CPUs, 20-tick phases,
 heuristic / autotune / oracle): the rows' fields, the summary against the rows by hand, the oracle at
 the optimum, ``--jobs 2`` equal to ``--jobs 1``, the ablation and count checks, the Markdown report."""
 
@@ -31,6 +32,8 @@ TINY = [
     "15",
     "--decision-ticks",
     "15",
+    "--small-levels",
+    "2,4",
 ]
 
 
@@ -49,14 +52,19 @@ def tiny(tmp_path_factory):
 def test_rows_carry_the_episode_fields_for_every_workload_and_policy(tiny):
     payload, _ = tiny
     rows = [r for r in payload["results"] if r["section"] == "episode"]
-    names = {f"held-out-{s}-0" for s in HELD_OUT_SEEDS} | {f"waiting-{s}-0" for s in HELD_OUT_SEEDS} | {"criteo"}
-    assert {(r["workload"], r["policy"]) for r in rows} == {
-        (w, p) for w in names for p in ("heuristic", "autotune", "oracle")
+    waiting = {f"waiting-{s}-0" for s in HELD_OUT_SEEDS}
+    names = {(f"held-out-{s}-0", "held-out") for s in HELD_OUT_SEEDS} | {(w, "waiting") for w in waiting} | {
+        ("criteo", "shipped")
+    }
+    small = {(w, "small") for w in {*waiting, "tune-live"}}  # the live pipeline and the waiting specs
+    assert {(r["workload"], r["group"], r["policy"]) for r in rows} == {
+        (w, g, p) for w, g in names | small for p in ("heuristic", "autotune", "oracle")
     }
     for r in rows:
-        assert {"workload", "policy", "period", "optimum_ratio", "ooms", "convergence_ticks"} <= set(r)
-        assert r["period"] == 20 and len(r["convergence_ticks"]) == 5  # one per phase of 32-64-128-64-32
-        assert r["group"] == ("shipped" if r["workload"] == "criteo" else r["workload"].rsplit("-", 2)[0])
+        assert {"workload", "policy", "period", "cpu_levels", "optimum_ratio", "ooms", "convergence_ticks"} <= set(r)
+        assert r["period"] == 20
+        assert r["cpu_levels"] == ([2, 4] if r["group"] == "small" else [32, 64, 128, 64, 32])
+        assert len(r["convergence_ticks"]) == len(r["cpu_levels"])  # one per phase
     assert "skipped no-such-policy: not in intune.policies.POLICY_NAMES" in payload["notes"]
     assert [r["policy"] for r in payload["results"] if r["section"] == "ooms"] == ["autotune"]
     decision = [r for r in payload["results"] if r["section"] == "decision_time"]
@@ -68,7 +76,7 @@ def test_the_oracle_is_at_the_phase_optimum(tiny):
     payload, _ = tiny
     # on the shipped and held-out specs (a waiting stage's hundreds of workers come one a tick past the CPUs)
     oracle = [r for r in payload["results"] if r["section"] == "episode" and r["policy"] == "oracle"
-              and r["group"] != "waiting"]
+              and r["group"] in ("shipped", "held-out")]
     assert len(oracle) == 3
     for r in oracle:
         assert 0.93 < r["optimum_ratio"] < 1.03, r
@@ -85,9 +93,12 @@ def test_summary_is_the_rows_by_hand(tiny):
         shipped = [r["optimum_ratio"] for r in mine if r["workload"] == "criteo"]
         held = {r["workload"]: r["optimum_ratio"] for r in mine if r["group"] == "held-out"}
         waiting = {r["workload"]: r["optimum_ratio"] for r in mine if r["group"] == "waiting"}
+        small = {r["workload"]: r["optimum_ratio"] for r in mine if r["group"] == "small"}
         assert s["period"] == 20 and s["shipped_n"] == 1 and s["held_out_n"] == 2 and s["waiting_n"] == 2
         assert s["waiting_mean"] == pytest.approx(sum(waiting.values()) / 2)
         assert s["waiting_worst"] == pytest.approx(min(waiting.values()))
+        assert s["small_n"] == 3 and s["small_mean"] == pytest.approx(sum(small.values()) / 3)
+        assert s["small_worst"] == pytest.approx(min(small.values())) and s["small_worst_workload"] == min(small, key=small.get)
         assert s["shipped_mean"] == pytest.approx(shipped[0]) and s["shipped_worst"] == pytest.approx(
             shipped[0]
         )
@@ -96,13 +107,15 @@ def test_summary_is_the_rows_by_hand(tiny):
         assert s["held_out_worst_workload"] == min(held, key=held.get)
         phases = [c for r in mine for c in r["convergence_ticks"]]
         within = sum(c is not None and c <= 30 for c in phases)
-        assert s["phases_within_30"] == f"{within}/25"
-        assert s["phases_within_30_share"] == pytest.approx(within / 25)
+        assert s["phases_within_30"] == f"{within}/31"  # 5 workloads of 5 phases, 3 of 2
+        assert s["phases_within_30_share"] == pytest.approx(within / 31)
         assert s["ooms"] == sum(r["ooms"] for r in mine)
 
 
 def _row(workload: str, policy: str, ratio: float, ooms: int = 0) -> dict:
     group = "shipped" if workload == "criteo" else ("waiting" if workload.startswith("w") else "held-out")
+    if workload.startswith("s"):
+        group = "small"
     return {
         "workload": workload,
         "group": group,
@@ -136,6 +149,8 @@ def test_intune_against_autotune_counts_only_specs_where_autotune_had_no_oom_and
         _row("w0", "steer", 0.40),
         _row("w1", "intune", 0.60),
         _row("w1", "steer", 0.75),
+        _row("s0", "intune", 0.60),  # a small machine's run: its own mean against steer
+        _row("s0", "steer", 0.90),
     ]
     s = {r["policy"]: r for r in summarize(rows, ["intune", "autotune", "steer"], [60])}
     assert s["intune"]["vs_autotune_specs"] == 3  # h2 left out: autotune was killed there
@@ -147,8 +162,10 @@ def test_intune_against_autotune_counts_only_specs_where_autotune_had_no_oom_and
     assert s["intune"]["vs_steer_waiting_specs"] == 2
     assert s["intune"]["vs_steer_waiting_mean"] == pytest.approx(np.mean([2.0, 0.8]))
     assert s["intune"]["waiting_mean"] == pytest.approx(0.7) and s["intune"]["waiting_worst_workload"] == "w1"
+    assert s["intune"]["vs_steer_small_specs"] == 1 and s["intune"]["vs_steer_small_mean"] == pytest.approx(0.6 / 0.9)
+    assert s["intune"]["small_mean"] == pytest.approx(0.6) and s["steer"]["small_n"] == 1
     assert "vs_autotune_min" not in s["autotune"]
-    assert s["intune"]["phases_within_30"] == "8/24" and s["intune"]["ooms"] == 0
+    assert s["intune"]["phases_within_30"] == "9/27" and s["intune"]["ooms"] == 0
     assert s["autotune"]["ooms"] == 5 and s["steer"]["shipped_mean"] is None
     lines = losses(rows, [60])
     assert (
@@ -221,9 +238,12 @@ def test_the_md_report_opens_with_the_summary_table(tiny):
         "shipped: mean / worst",
         "held-out: mean / worst",
         "a waiting stage: mean / worst",
+        "small machines: mean / worst",
         "phases at 95% within 30 ticks",
         "OOMs",
     ]
+    assert "## The live benchmark's pipeline on small machines" in headings
+    assert "tune-live (`intune bench tune`'s pipeline as a spec) on 2 -> 4 CPUs." in text
     assert any(line.startswith("| oracle") and "(criteo)" in line for line in lines)
     assert "skipped no-such-policy" in text
 
@@ -241,3 +261,16 @@ def test_the_waiting_specs_each_have_one_map_stage_that_waits_alternately_on_io_
         ]
         assert waits, (spec.name, [(s.name, s.kind, s.io_us_per_row, s.cpu_us_per_row, s.gil_fraction) for s in spec.stages])
         assert max(s.max_workers for s in waits) >= 4 * 128  # room for more workers than the CPUs
+
+
+def test_small_levels_none_skips_the_small_machines_and_a_bad_value_names_the_flag(tmp_path):
+    base = ["bench", "agent", "--workload", "criteo", "--held-out", "0", "--waiting", "0", "--period", "3",
+            "--policies", "heuristic", "--oom-episodes", "0", "--decision-ticks", "0", "--jobs", "1"]
+    out = tmp_path / "a.json"
+    assert main([*base, "--small-levels", "none", "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert {r["group"] for r in payload["results"] if r["section"] == "episode"} == {"shipped"}
+    assert payload["small_levels"] is None
+    for bad in ("2,x", "0,2", ""):
+        with pytest.raises(SystemExit, match="--small-levels"):
+            main([*base, "--small-levels", bad])

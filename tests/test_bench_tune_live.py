@@ -202,3 +202,30 @@ def test_the_memory_scenarios_state_their_ceiling_and_the_floor_variant_its_wind
             knob = pipe.knobs["shuffle.buffer_mb"]
             assert knob.max == tune_live.MEMORY_CEILING_MB
             assert (knob.min, knob.value) == ((256, 256) if floor else (1, 1536))
+
+
+def test_the_pipeline_as_a_spec_has_the_engines_knobs_and_the_workloads_costs() -> None:
+    from intune.sim import Simulator
+
+    workload = wl.Workload(chunk_rows=256, io_ms=20.0, udf_loops=300)
+    sim = Simulator(wl.simulated_spec(workload), cpus=2, seed=0)
+    pipe = wl.build_pipeline(workload, wl.RowSource(workload.chunk_rows, max_chunks=1))
+    try:
+        live = set(pipe.knobs)
+    finally:
+        pipe.close()
+    # every knob the engine gives the pipeline, and worker knobs held at 1 where the engine has none
+    assert live <= set(sim.knobs)
+    assert {n: (sim.knobs[n].min, sim.knobs[n].max) for n in set(sim.knobs) - live} == {
+        "shuffle.workers": (1, 1),
+        "prefetch.workers": (1, 1),
+    }
+    assert (sim.knobs["ids.workers"].min, sim.knobs["ids.workers"].max) == (1, 1)
+    read, udf = (next(s for s in sim.spec.stages if s.name == n) for n in ("read", "udf"))
+    assert read.io_us_per_row == pytest.approx(20_000 / 256) and read.mode == "thread"
+    assert udf.cpu_us_per_row == pytest.approx(300 * wl.UDF_US_PER_LOOP) and udf.mode == "process"
+    assert sim.spec.stages[2].buffer.min == workload.shuffle_min_mb  # the user's shuffle floor
+    # the default pipeline's optimum on 2 CPUs: two readers beside two UDF workers, as the live search finds
+    default = Simulator(wl.simulated_spec(), cpus=2, seed=0)
+    best, _ = default.optimum(2, objective="throughput")
+    assert (best["read.workers"], best["udf.workers"]) == (2, 2)

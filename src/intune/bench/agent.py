@@ -3,7 +3,9 @@
 Every shipped simulator workload (``list_workloads()`` without ``ladder``) and ``--held-out`` random specs
 from each ``--held-out-seed`` (seeds pretraining never draws: it draws from its ``--seed`` and
 seed + 1,000,003), ``--waiting`` more from each such seed with a map stage that waits (``waiting_specs``),
-over the paper's resize schedule 32 -> 64 -> 128 -> 64 -> 32 at each ``--period``.
+over the paper's resize schedule 32 -> 64 -> 128 -> 64 -> 32 at each ``--period``; and on small machines
+(``--small-levels``, 2 -> 4 -> 8 -> 4 -> 2 CPUs) the live benchmark's pipeline as a spec
+(``tune_workload.simulated_spec``) with the waiting specs, the regime ``intune bench tune`` runs in.
 Each (workload, policy, period) episode goes through ``intune.sim.run_episode`` and is scored against
 the phase optimum by ``intune.agent.evaluate.score_episode``: mean model throughput / mean optimum, OOM
 ticks, ticks to 95% of the optimum per phase. Then a per-policy summary, the OOMs of ``intune``, ``steer``
@@ -50,6 +52,8 @@ POLICIES = (
 )
 OOM_POLICIES = ("intune", "steer", "autotune")
 PERIODS = (60, 150)
+SMALL_LEVELS = (2, 4, 8, 4, 2)
+"""CPUs of the small machines' resize schedule: the live benchmark's machine has 2."""
 WITHIN_TICKS = 30  # a phase counts as converged when it reaches 95% of its optimum within this many ticks
 BELOW = 0.98  # held-out specs where intune / autotune is under this are counted
 OOM_CHUNK = 25  # tight-memory episodes per pool task
@@ -93,6 +97,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="random specs with a map stage that waits on I/O or the GIL from each held-out seed "
         "(default 10, quick 4; 0 skips them)",
+    )
+    parser.add_argument(
+        "--small-levels",
+        default=",".join(map(str, SMALL_LEVELS)),
+        metavar="C,C,...",
+        help="CPUs of each phase of the small machines' schedule, on which the live benchmark's pipeline and the "
+        "waiting specs run too (default %(default)s; 'none' skips that group)",
     )
     parser.add_argument(
         "--ablation",
@@ -176,10 +187,12 @@ def run_schedule_episode(task: tuple) -> tuple[dict[str, Any] | None, str | None
     Runs in a pool worker as well as in-process: it builds its own policy and simulator."""
     from intune.agent.evaluate import score_episode
     from intune.sim import Simulator, paper_schedule
+    from intune.sim.schedule import stepped_schedule
 
-    spec, group, held_out_seed, name, ablations, period, seed = task
+    spec, group, held_out_seed, name, ablations, period, seed, levels = task
     try:
-        sim = Simulator(spec, cpus=paper_schedule(period_ticks=period), seed=seed)
+        schedule = paper_schedule(period_ticks=period) if levels is None else stepped_schedule(levels, period)
+        sim = Simulator(spec, cpus=schedule, seed=seed)
         score = score_episode(sim, build_policy(name, ablations), seed=seed)
     except Exception as e:  # a failing policy must not stop the benchmark
         return (
@@ -193,6 +206,7 @@ def run_schedule_episode(task: tuple) -> tuple[dict[str, Any] | None, str | None
         "held_out_seed": held_out_seed,
         "policy": name,
         "period": period,
+        "cpu_levels": list(levels or paper_schedule(period_ticks=period).levels),
         "optimum_ratio": score.ratio,
         "ooms": score.ooms,
         "convergence_ticks": score.convergence,
@@ -335,11 +349,11 @@ def is_agent(name: str) -> bool:
 def summarize(
     rows: list[dict[str, Any]], policies: Sequence[str], periods: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """Per period and policy: mean and worst ratio to the phase optimum on shipped, on held-out specs and
-    on the specs with a waiting stage, phases at 95% within ``WITHIN_TICKS`` ticks, OOM ticks; for the
-    agent's rows also, over the held-out specs where autotune had no OOM, the worst intune / autotune and
-    how many are below ``BELOW``, and the mean intune / steer over the held-out specs and over the
-    waiting ones."""
+    """Per period and policy: mean and worst ratio to the phase optimum on shipped, on held-out specs, on
+    the specs with a waiting stage and on the small machines, phases at 95% within ``WITHIN_TICKS``
+    ticks, OOM ticks; for the agent's rows also, over the held-out specs where autotune had no OOM, the
+    worst intune / autotune and how many are below ``BELOW``, and the mean intune / steer over the
+    held-out specs, the waiting ones and the small machines' runs."""
     out = []
     for period in periods:
         for name in policies:
@@ -349,6 +363,7 @@ def summarize(
             shipped = _mean_worst([r for r in sel if r["group"] == "shipped"])
             held = _mean_worst([r for r in sel if r["group"] == "held-out"])
             waiting = _mean_worst([r for r in sel if r["group"] == "waiting"])
+            small = _mean_worst([r for r in sel if r["group"] == "small"])
             conv = [c for r in sel for c in r["convergence_ticks"]]
             row: dict[str, Any] = {
                 "section": "summary",
@@ -366,6 +381,10 @@ def summarize(
                 "waiting_mean": waiting[0],
                 "waiting_worst": waiting[1],
                 "waiting_worst_workload": waiting[2],
+                "small_n": sum(r["group"] == "small" for r in sel),
+                "small_mean": small[0],
+                "small_worst": small[1],
+                "small_worst_workload": small[2],
                 "phases_within_30": f"{_within(conv)}/{len(conv)}",
                 "phases_within_30_share": _within(conv) / len(conv) if conv else None,
                 "ooms": int(sum(r["ooms"] for r in sel)),
@@ -387,6 +406,7 @@ def versus(rows: list[dict[str, Any]], name: str, period: int) -> dict[str, Any]
     )
     vs_steer = _ratios(mine, steer)
     vs_steer_waiting = _ratios(_by_spec(rows, name, period, "waiting"), _by_spec(rows, "steer", period, "waiting"))
+    vs_steer_small = _ratios(_by_spec(rows, name, period, "small"), _by_spec(rows, "steer", period, "small"))
     return {
         "vs_autotune_specs": len(vs_auto),
         "vs_autotune_min": vs_auto[0][0] if vs_auto else None,
@@ -396,6 +416,8 @@ def versus(rows: list[dict[str, Any]], name: str, period: int) -> dict[str, Any]
         "vs_steer_mean": float(np.mean(vs_steer)) if vs_steer else None,
         "vs_steer_waiting_specs": len(vs_steer_waiting),
         "vs_steer_waiting_mean": float(np.mean(vs_steer_waiting)) if vs_steer_waiting else None,
+        "vs_steer_small_specs": len(vs_steer_small),
+        "vs_steer_small_mean": float(np.mean(vs_steer_small)) if vs_steer_small else None,
     }
 
 
@@ -472,6 +494,7 @@ def _available(wanted: Sequence[str], ablations: dict[str, str]) -> tuple[list[s
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    from intune.bench.tune_workload import simulated_spec
     from intune.sim import list_workloads, load_workload, random_workload
 
     periods = list(dict.fromkeys(args.period or ((60,) if args.quick else PERIODS)))
@@ -493,6 +516,7 @@ def run(args: argparse.Namespace) -> int:
         if value < low:
             skip = " (0 skips that section)" if low == 0 and flag not in ("--held-out", "--waiting") else ""
             raise SystemExit(f"{flag} must be >= {low}{skip}, got {value}")
+    small_levels = _levels(args.small_levels)
     ablations = _ablations(args.ablation)
     wanted = args.policies.split(",") if args.policies else list(POLICIES)
     policies, notes = _available(wanted, ablations)
@@ -505,19 +529,22 @@ def run(args: argparse.Namespace) -> int:
         rng = np.random.default_rng(seed)
         held_out += [(random_workload(rng, name=f"held-out-{seed}-{i}"), seed) for i in range(n_held)]
     waiting = [(s, seed) for seed in seeds for s in waiting_specs(seed, n_waiting)]
+    small = [] if small_levels is None else [(simulated_spec(), None), *waiting]
     specs = [
-        *((s, "shipped", None) for s in shipped),
-        *((s, "held-out", seed) for s, seed in held_out),
-        *((s, "waiting", seed) for s, seed in waiting),
+        *((s, "shipped", None, None) for s in shipped),
+        *((s, "held-out", seed, None) for s, seed in held_out),
+        *((s, "waiting", seed, None) for s, seed in waiting),
+        *((s, "small", seed, small_levels) for s, seed in small),
     ]
     tasks = [
-        (spec, group, hseed, name, ablations, period, args.seed)
+        (spec, group, hseed, name, ablations, period, args.seed, levels)
         for period in periods
-        for spec, group, hseed in specs
+        for spec, group, hseed, levels in specs
         for name in policies
     ]
     print(
-        f"== {len(shipped)} shipped + {len(held_out)} held-out + {len(waiting)} waiting workloads x "
+        f"== {len(shipped)} shipped + {len(held_out)} held-out + {len(waiting)} waiting + {len(small)} small-machine "
+        "workloads x "
         f"{len(policies)} policies x "
         f"periods {', '.join(map(str, periods))}: {len(tasks)} episodes, {jobs} jobs ==",
         flush=True,
@@ -598,6 +625,7 @@ def run(args: argparse.Namespace) -> int:
         "held_out_seeds": seeds,
         "held_out_per_seed": n_held,
         "waiting_per_seed": n_waiting,
+        "small_levels": list(small_levels) if small_levels is not None else None,
         "oom_episodes": oom_episodes,
         "oom_ticks": oom_ticks,
         "jobs": jobs,
@@ -607,7 +635,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {write_json(args.json, results, **extra)}")
     if args.md:
-        context = _context(shipped, seeds, n_held, n_waiting, periods, jobs, wall, notes)
+        context = _context(shipped, seeds, n_held, n_waiting, small_levels, periods, jobs, wall, notes)
         report = md_report.agent_report(
             md_report.command_line(("bench", "agent")),
             machine_info(),
@@ -635,18 +663,34 @@ def _print_summary(summary: list[dict[str, Any]]) -> None:
                 "held_out_worst",
                 "waiting_mean",
                 "waiting_worst",
+                "small_mean",
+                "small_worst",
                 "phases_within_30",
                 "ooms",
                 "vs_autotune_min",
                 "vs_autotune_below_0.98",
                 "vs_steer_mean",
                 "vs_steer_waiting_mean",
+                "vs_steer_small_mean",
             ],
         )
     )
 
 
-def _context(shipped, seeds, n_held, n_waiting, periods, jobs, wall, notes) -> list[str]:
+def _levels(text: str) -> tuple[int, ...] | None:
+    """``--small-levels``: CPUs per phase, or None for 'none'; a bad value exits naming the flag."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        levels = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--small-levels must be CPUs separated by commas (or 'none'), got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise SystemExit(f"--small-levels must be CPUs >= 1, got {text!r}")
+    return levels
+
+
+def _context(shipped, seeds, n_held, n_waiting, small_levels, periods, jobs, wall, notes) -> list[str]:
     return [
         f"Paper resize schedule 32 -> 64 -> 128 -> 64 -> 32 CPUs, {' and '.join(map(str, periods))} ticks per phase.",
         f"Shipped workloads ({len(shipped)}): {', '.join(s.name for s in shipped)}.",
@@ -654,6 +698,11 @@ def _context(shipped, seeds, n_held, n_waiting, periods, jobs, wall, notes) -> l
         "from its --seed and seed + 1,000,003).",
         f"Waiting: {n_waiting} random specs from each of those seeds' second stream with one map stage that waits, "
         "on I/O (half of them) or on the GIL, as pretraining's --waiting-share draws them (`waiting_specs`).",
+        *(
+            [f"Small machines: the live benchmark's pipeline as a spec (`tune_workload.simulated_spec`, tune-live) and "
+             f"the waiting specs, on {' -> '.join(map(str, small_levels))} CPUs."]
+            if small_levels is not None else []
+        ),
         "Ratio: mean model throughput / mean phase optimum (`sim.optimum(cpus, objective='throughput')`: the most "
         "rows/s of any allocation that cannot OOM, at the current CPUs, refreshed every "
         f"120 ticks); a phase converges when it holds 95% of its optimum, counted within {WITHIN_TICKS} ticks.",

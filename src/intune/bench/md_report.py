@@ -114,6 +114,18 @@ def _mean_worst_cell(mean: Any, worst: Any, where: Any) -> str:
     return f"{mean:.3f} / {worst:.3f} ({where})"
 
 
+def _per_workload(rows: Rows) -> tuple[list[dict[str, Any]], list[str]]:
+    """One line per (workload, period), a cell per policy: ratio · OOMs · phases within 30 ticks."""
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        line = cells.setdefault((r["workload"], r["period"]), {"workload": r["workload"], "period": r["period"]})
+        conv = r["convergence_ticks"]
+        done = sum(c is not None and c <= 30 for c in conv)
+        line[r["policy"]] = f"{r['optimum_ratio']:.3f} · {r['ooms']} · {done}/{len(conv)}"
+    return list(cells.values()), ["workload", "period", *policies]
+
+
 def agent_report(
     command: str,
     machine: Mapping[str, Any],
@@ -141,6 +153,9 @@ def agent_report(
             "a waiting stage: mean / worst": _mean_worst_cell(
                 r.get("waiting_mean"), r.get("waiting_worst"), r.get("waiting_worst_workload")
             ),
+            "small machines: mean / worst": _mean_worst_cell(
+                r.get("small_mean"), r.get("small_worst"), r.get("small_worst_workload")
+            ),
             "phases at 95% within 30 ticks": (
                 f"{r['phases_within_30']} ({r['phases_within_30_share']:.0%})"
                 if r["phases_within_30_share"] is not None
@@ -156,8 +171,9 @@ def agent_report(
             [
                 "Ratio to the phase optimum (mean model throughput / mean optimum), the mean weighing each workload",
                 "alike; worst with its workload. Held-out and waiting specs: random ones (the waiting ones with a map",
-                "stage that waits on I/O or the GIL). Phases: those reaching 95% of their optimum within 30 ticks of",
-                "their start, over every workload. OOMs: ticks killed, over every workload.",
+                "stage that waits on I/O or the GIL). Small machines: the live benchmark's pipeline (tune-live) and the",
+                "waiting specs on the small machines' schedule. Phases: those reaching 95% of their optimum within 30",
+                "ticks of their start, over every workload. OOMs: ticks killed, over every workload.",
             ],
             table,
         )
@@ -169,8 +185,8 @@ def agent_report(
                 "The agent against autotune and steer on the held-out specs",
                 [
                     "Per held-out spec where autotune had no OOM: the agent's ratio / autotune's, the worst and how many",
-                    "are below 0.98; and the mean of its ratio / steer's over the held-out specs and over the waiting ones",
-                    "(- where steer did not run).",
+                    "are below 0.98; and the mean of its ratio / steer's over the held-out specs, over the waiting ones and",
+                    "over the small machines' runs (- where steer did not run).",
                 ],
                 [
                     {
@@ -184,6 +200,7 @@ def agent_report(
                         "below 0.98": f"{r['vs_autotune_below_0.98']} of {r['vs_autotune_specs']}",
                         "/ steer: mean": _num(r["vs_steer_mean"]),
                         "/ steer on the waiting specs: mean": _num(r.get("vs_steer_waiting_mean")),
+                        "/ steer on small machines: mean": _num(r.get("vs_steer_small_mean")),
                     }
                     for r in agents
                 ],
@@ -195,23 +212,26 @@ def agent_report(
         )
     shipped = [r for r in episodes if r["group"] == "shipped"]
     if shipped:
-        policies = list(dict.fromkeys(r["policy"] for r in shipped))
-        cells: dict[tuple[str, int], dict[str, Any]] = {}
-        for r in shipped:
-            line = cells.setdefault(
-                (r["workload"], r["period"]), {"workload": r["workload"], "period": r["period"]}
-            )
-            conv = r["convergence_ticks"]
-            done = sum(c is not None and c <= 30 for c in conv)
-            line[r["policy"]] = f"{r['optimum_ratio']:.3f} · {r['ooms']} · {done}/{len(conv)}"
         parts.append(
             section(
                 "Every shipped workload",
                 [
                     "Cell: ratio to the phase optimum · OOMs · phases at 95% within 30 ticks. Held-out specs: the JSON."
                 ],
-                list(cells.values()),
-                ["workload", "period", *policies],
+                *_per_workload(shipped),
+            )
+        )
+    live = [r for r in episodes if r["group"] == "small" and r["workload"] == "tune-live"]
+    if live:
+        levels = " -> ".join(map(str, live[0].get("cpu_levels", [])))
+        parts.append(
+            section(
+                "The live benchmark's pipeline on small machines",
+                [
+                    f"tune-live (`intune bench tune`'s pipeline as a spec) on {levels} CPUs. Cell: ratio to the phase",
+                    "optimum · OOMs · phases at 95% within 30 ticks. The waiting specs' small-machine rows: the JSON.",
+                ],
+                *_per_workload(live),
             )
         )
     if ooms:

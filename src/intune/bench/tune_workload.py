@@ -3,9 +3,10 @@
 Owns the live benchmark pipeline (an id source, an I/O-waiting reader, a shuffle, a CPU-heavy
 pure-Python UDF in process workers, batching and prefetch), the exactly-once row counter, the
 consumer loop that records when rows arrived, the rate timeline computed from those arrivals, the
-"first time a rate was sustained" rule, the exhaustive search over worker allocations, and one live
-run of a policy from the even split (with CPU changes at given times). It must not decide targets or
-print tables (``tune_live`` does) nor change the machine itself (``machine_control`` does).
+"first time a rate was sustained" rule, the exhaustive search over worker allocations, one live
+run of a policy from the even split (with CPU changes at given times), and the pipeline's copy as a
+simulator spec (``simulated_spec``). It must not decide targets or print tables (``tune_live`` does) nor
+change the machine itself (``machine_control`` does).
 """
 
 from __future__ import annotations
@@ -50,6 +51,62 @@ class Workload:
     prefetch_depth: int = 8
     prefetch_mb: int = 64
     batch_rows: int = 1024
+
+
+READ_CPU_US_PER_ROW = 3.0
+"""CPU microseconds a row of the reader's own work (the payload it builds around the wait)."""
+UDF_US_PER_LOOP = 0.135
+"""CPU microseconds per loop of ``hash_features`` on the development machine: the live search's
+one-UDF-worker allocations run at 12.3-13.3k rows/s with that worker busy (``benchmarks/tune.md``:
+read 4 / udf 1 on 2 CPUs, read 2 / udf 1 on 1 CPU), ~80 us a row at the default 600 loops."""
+
+
+def simulated_spec(workload: Workload = Workload(), name: str = "tune-live"):
+    """This pipeline as a simulator spec (``intune.sim.WorkloadSpec``), with the knobs the engine gives
+    it: the source and the shuffle and prefetch stages keep one worker (their worker knobs are capped
+    at 1, as the engine's source is and the others have none), the reader waits ``io_ms`` a chunk in
+    thread workers, the UDF computes in process workers, shuffle and prefetch have buffer knobs.
+
+    Why: ``intune bench agent`` runs policies on it on small machines, the live benchmark's regime, so
+    that a loss seen live (the agent holding read 1 / udf 1 on 2 CPUs) is also seen where every policy
+    is scored against the exact optimum. A copy of the shape, not a calibrated twin: its optimum on 2
+    CPUs is read 2 / udf 2 at 20.0k rows/s, where the live search's best was 21-25k rows/s at read 2-4 /
+    udf 2-3."""
+    from intune.sim import spec_from_dict
+
+    row_bytes = 4 * workload.payload_floats + 16  # payload, row id, hash
+    mb_default = {"shuffle": workload.shuffle_mb, "prefetch": workload.prefetch_mb}
+    mb_min = {"shuffle": workload.shuffle_min_mb, "prefetch": 1}
+
+    def buffered(stage: str) -> dict[str, Any]:
+        return {"buffer": {"min": mb_min[stage], "max": 65536, "default": mb_default[stage]}}
+
+    return spec_from_dict(
+        {
+            "name": name,
+            "description": "intune bench tune's pipeline: ids -> read (I/O) -> shuffle -> udf (CPU) -> prefetch",
+            "batch_size": workload.batch_rows,
+            "chunk_rows": workload.chunk_rows,
+            "bytes_per_row": row_bytes,
+            "machine": {"cpus": 2, "memory_limit_gb": 24, "host_memory_gb": 24, "base_memory_gb": 0.5,
+                        "cpu_ghz": 2.5, "mem_bandwidth_gbs": 20, "restart_delay_s": 30,
+                        "oversubscription_cost": 0.1},
+            "consumer": {"model_latency_s": 0.0},
+            "stages": [
+                {"name": "ids", "kind": "read", "mode": "thread", "cpu_us_per_row": 0.5, "max_workers": 1,
+                 "worker_mb": 1},
+                {"name": "read", "kind": "map", "mode": "thread", "cpu_us_per_row": READ_CPU_US_PER_ROW,
+                 "io_us_per_row": workload.io_ms * 1e3 / workload.chunk_rows, "cpu_cv": 0.2, "worker_mb": 2},
+                {"name": "shuffle", "kind": "shuffle", "mode": "thread", "cpu_us_per_row": 1.0,
+                 "max_workers": 1, "worker_mb": 1, **buffered("shuffle")},
+                {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": UDF_US_PER_LOOP * workload.udf_loops,
+                 "cpu_cv": 0.1, "worker_mb": 60},
+                {"name": "prefetch", "kind": "prefetch", "mode": "thread", "cpu_us_per_row": 1.0,
+                 "max_workers": 1, "worker_mb": 1, **buffered("prefetch")},
+            ],
+        },
+        source=f"intune.bench.tune_workload.simulated_spec({name!r})",
+    )
 
 
 class RowSource:
