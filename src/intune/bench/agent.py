@@ -182,7 +182,9 @@ def build_policy(name: str, ablations: dict[str, str]):
 
 
 def run_schedule_episode(task: tuple) -> tuple[dict[str, Any] | None, str | None]:
-    """One (workload, policy, period) episode over the paper schedule, scored against the phase optimum.
+    """One (workload, policy, period) episode, scored against the phase optimum. ``task``: ``(spec, group,
+    held_out_seed, policy, ablations, period, seed, levels)``, where ``levels`` is each phase's CPUs, or
+    None for the paper's schedule.
 
     Runs in a pool worker as well as in-process: it builds its own policy and simulator."""
     from intune.agent.evaluate import score_episode
