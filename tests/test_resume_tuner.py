@@ -181,11 +181,9 @@ def _assert_same_tree(a, b, where="state"):
 def test_intune_state_loads_exactly_into_a_reset_policy():
     """Weights, target, optimizer moments, generator, replay and measurements: a reset policy that loads a
     state (through the file format) saves the same state back, field by field."""
-    import copy
-
     import torch
 
-    from intune.agent.online_adam import OnlineAdam
+    from intune.agent.online_learning import OnlineLearner
 
     pipe = _pipeline()
     with tune(pipe, "intune", tick_s=0.05, monitor=_monitor()) as tuner:
@@ -196,11 +194,9 @@ def test_intune_state_loads_exactly_into_a_reset_policy():
             with torch.no_grad():
                 for p in policy.q.parameters():
                     p.add_(0.01)
-            policy._target = copy.deepcopy(policy.q)
-            policy._optimizer = OnlineAdam(policy.q.parameters(), lr=1e-3)
-            for p in policy.q.parameters():
-                p.grad = torch.ones_like(p)
-            policy._optimizer.step()
+            policy._learner = OnlineLearner(policy.q, lr=1e-3, max_grad_norm=10.0)
+            policy._learner._adam({name: np.ones_like(a) for name, a in policy._learner.params.items()})
+            policy._learner.write_to(policy.q)
             policy._rng.random(5)
             state = policy.state_dict(replay=True)
     assert state["online"] is not None and state["replay"] is not None and state["replay"]["size"] > 0

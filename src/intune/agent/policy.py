@@ -6,7 +6,8 @@ window as a floor while memory allows. It starts from the even split (the paper'
 Plumber's estimate (``warm_start="plumber"``), then every tick each knob takes one of the deltas under
 the mask, by the network's decision rule (``intune.agent.decision``: the best-valued move, or the move
 nearest the expected one). ``observe`` (the live tuner calls it every tick with the reward) feeds a
-small replay buffer and takes a DQN step every few ticks. It returns requests; the runner applies them.
+small replay buffer and takes a DQN step every few ticks (``OnlineLearner``: numpy, on the caller's
+thread). It returns requests; the runner applies them.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import torch
 
 from intune.agent.config import AgentConfig
 from intune.agent.decision import decision_scores
-from intune.agent.dqn import new_network, td_loss
+from intune.agent.dqn import new_network
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
 from intune.agent.network import NumpyQ, QNetwork
-from intune.agent.online_adam import OnlineAdam
+from intune.agent.online_learning import OnlineLearner
 from intune.agent.replay import ReplayBuffer
 from intune.knobs import Knob
 from intune.monitor.observation import OOM_PENALTY, Observation
@@ -136,8 +137,7 @@ class IntunePolicy:
         self.warm_start = warm_start
         self.online = online
         self._rng = np.random.default_rng(seed)
-        self._optimizer: OnlineAdam | None = None
-        self._target: QNetwork | None = None
+        self._learner: OnlineLearner | None = None  # from the first online step: the weights it trains
         self._buffer: ReplayBuffer | None = None
         self._observed = 0
 
@@ -179,16 +179,15 @@ class IntunePolicy:
         Always: the online network's weights (fine-tuned, not the shipped ones), the features' memory
         (best and last throughput, the CPU count and ticks since it changed), the safety layer's
         measurements of what a worker costs, the count of rewards observed and the sampling generator.
-        Once online learning has taken a step: the target network and the optimizer's moments too.
+        Once online learning has taken a step: the target network and the optimizer's moments too
+        (``OnlineLearner.state_dict``).
         The replay buffer only with ``replay=True``: at its full 2,048 transitions it is 10.7 MB (per
         transition two 16 x 39 float32 feature grids, actions, masks), against 0.16 MB for the weights
         (the target and the optimizer's moments triple that once learning has stepped), and a restarted
         job refills the 32 transitions its first step needs within a minute of 1 s ticks.
         Call it on a policy that has been ``reset`` (the tuner does).
         """
-        online = None
-        if self._optimizer is not None and self._target is not None:
-            online = {"target": network_state(self._target), "optimizer": self._optimizer.state_dict()}
+        online = None if self._learner is None else self._learner.state_dict()
         buffer = None
         if replay and self._buffer is not None:
             b = self._buffer
@@ -218,13 +217,10 @@ class IntunePolicy:
         self.q = q
         self.chooser.refresh(q)
         online = state["online"]
+        self._learner = None
         if online is not None:
-            self._target = copy.deepcopy(q)
-            load_network_state(self._target, online["target"], "intune policy state (target network)")
-            self._optimizer = OnlineAdam(self.q.parameters(), lr=self.config.online_learning_rate)
-            self._optimizer.load_state_dict(online["optimizer"])
-        else:
-            self._target = self._optimizer = None
+            self._learner = self._new_learner()
+            self._learner.load_state_dict(online)
         self._observed = int(state["observed"])
         self._rng = _rng_from_state(state["rng"])
         self.chooser.builder.load_state_dict(state["features"])
@@ -272,20 +268,18 @@ class IntunePolicy:
         self._buffer.add(prev_rows, prev_valid, actions, self._pending_reward, self.config.gamma, rows, valid, next_mask)
         self._pending_reward = None
 
+    def _new_learner(self) -> OnlineLearner:
+        return OnlineLearner(self.q, self.config.online_learning_rate, self.config.max_grad_norm)
+
     def _learn(self, buffer: ReplayBuffer) -> None:
-        if self._optimizer is None:
+        if self._learner is None:
             self.q = copy.deepcopy(self.q)  # never modify a network shared with the caller
-            self._target = copy.deepcopy(self.q)
-            self._optimizer = OnlineAdam(self.q.parameters(), lr=self.config.online_learning_rate)
-        batch = buffer.sample(min(buffer.size, self.config.batch_size // 4), self._rng)
-        loss = td_loss(self.q, self._target, batch)
-        self._optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.q.parameters(), self.config.max_grad_norm)
-        self._optimizer.step()
+            self._learner = self._new_learner()
+        self._learner.step(buffer.sample(min(buffer.size, self.config.batch_size // 4), self._rng))
+        self._learner.write_to(self.q)
         self.chooser.refresh(self.q)
         if (self._observed // self.config.online_train_every) % 50 == 0:
-            self._target.load_state_dict(self.q.state_dict())
+            self._learner.sync_target()
 
 
 class NetworkProposer:
