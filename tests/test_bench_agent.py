@@ -195,6 +195,14 @@ def test_an_ablation_with_a_missing_file_fails_naming_it(tmp_path):
         main(["bench", "agent", "--ablation", "pm1", "--jobs", "1"])
 
 
+def test_an_ablation_row_listed_in_policies_runs_once_and_is_not_reported_skipped():
+    from intune.bench.agent import _available
+
+    ok, notes = _available(["steer", "intune-a", "nonsense"], {"a": "a.pt"})
+    assert ok == ["steer", "intune-a"]
+    assert notes == ["skipped nonsense: not in intune.policies.POLICY_NAMES"]
+
+
 def test_the_oom_section_is_skipped_at_0_episodes_and_a_negative_count_refused(tmp_path, capsys):
     base = [
         "bench",

@@ -483,6 +483,8 @@ def _ablations(specs: list[str]) -> dict[str, str]:
 def _available(wanted: Sequence[str], ablations: dict[str, str]) -> tuple[list[str], list[str]]:
     ok, notes = [], []
     for name in wanted:
+        if name.startswith("intune-") and name[len("intune-") :] in ablations:
+            continue  # an ablation row: added below, whether listed or not
         if name not in POLICY_NAMES:
             notes.append(f"skipped {name}: not in intune.policies.POLICY_NAMES")
             continue
