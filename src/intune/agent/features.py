@@ -194,13 +194,13 @@ class FeatureBuilder:
         total_cost = sum(cost.values()) or 1.0
         light = set(obs.light_stages())
 
-        out = np.empty((len(self.knob_names), N_FEATURES), dtype=np.float32)
+        table = []  # one conversion to float32 for the whole table: each row's own costs more than its arithmetic
         for k, (stage, is_cpu, lo, hi) in enumerate(self._layout):
             i, s, work_share = by_name[stage]
             value = s.workers if is_cpu else s.buffer_mb
             share = value / cpus if is_cpu else min(2.0, value * MB / limit)
             cpu_per_wall = min(1.0, s.cpu_s_per_item / s.wall_s_per_item) if s.wall_s_per_item > 0 else 0.0
-            out[k, : len(KNOB_FEATURES)] = (
+            table.append((
                 1.0 if is_cpu else 0.0,
                 0.0 if is_cpu else 1.0,
                 share,
@@ -226,8 +226,9 @@ class FeatureBuilder:
                 self.stage_gain.get(stage, 0.0),
                 1.0 if stage in self.stage_gain else 0.0,
                 *(1.0 if s.kind == kind else 0.0 for kind in KINDS),
-            )
-            out[k, len(KNOB_FEATURES) :] = context
+                *context,
+            ))
+        out = np.array(table, dtype=np.float32).reshape(len(self.knob_names), N_FEATURES)
         if self.global_only:
             out[:, _HIDDEN_IN_GLOBAL_ONLY] = 0.0
         return out

@@ -72,13 +72,19 @@ class SafetyLayer:
         self._is_cpu = np.array([k.unit == "cpu" for k in self.knobs])
         self._stages = [k.stage for k in self.knobs]
         self._lo = np.array([k.min for k in self.knobs])[:, None]
-        self._hi = np.array([k.max for k in self.knobs])[:, None]
         self._changes: list[tuple[int, float]] = []  # (change of workers, change of memory outside buffers)
         self._still: list[float] = []  # change of memory outside buffers on ticks the workers held
         self._levels: list[tuple[int, float]] = []  # (workers, memory outside buffers) on recent ticks
         self._cpu = np.flatnonzero(self._is_cpu)
         self._mb = np.flatnonzero(~self._is_cpu)
         self._order = np.argsort(np.abs(self.deltas), kind="stable")  # on ties, prefer holding, then small moves
+        # the same as plain values, for the per-cell arithmetic of ``mask``
+        self._delta_list = [int(d) for d in self.deltas]
+        self._largest_cut = -min(self._delta_list)
+        self._largest_cut_action = int(np.argmin(self.deltas))
+        self._is_cpu_list = [bool(c) for c in self._is_cpu]
+        self._lo_list = [int(k.min) for k in self.knobs]
+        self._hi_list = [int(k.max) for k in self.knobs]
         # last tick: workers per CPU knob's stage, and memory outside buffers
         self._last_point: tuple[np.ndarray, float] | None = None
         # (change of workers per CPU knob, change of memory outside buffers) on ticks any of them moved
@@ -238,14 +244,22 @@ class SafetyLayer:
         n = len(levels)
         if not n:
             return None
-        # plain sums: 32 points a tick, where numpy's per-call cost would dominate
-        w_mean = sum(p[0] for p in levels) / n
-        m_mean = sum(p[1] for p in levels) / n
-        sxx = sum((p[0] - w_mean) ** 2 for p in levels)
-        slope = sum((p[0] - w_mean) * (p[1] - m_mean) for p in levels) / sxx if sxx > 0 else 0.0
+        # plain sums, each in the points' order: 32 points a tick, where numpy's per-call cost would dominate
+        w_sum = m_sum = 0
+        for w, m in levels:
+            w_sum += w
+            m_sum += m
+        w_mean, m_mean = w_sum / n, m_sum / n
+        sxx = sxy = 0
+        for w, m in levels:
+            sxx += (w - w_mean) ** 2
+            sxy += (w - w_mean) * (m - m_mean)
+        slope = sxy / sxx if sxx > 0 else 0.0
         reading = self._noise(obs) / math.sqrt(2.0)  # one reading's standard deviation
         if n > 2:
-            rss = sum((p[1] - m_mean - slope * (p[0] - w_mean)) ** 2 for p in levels)
+            rss = 0
+            for w, m in levels:
+                rss += (m - m_mean - slope * (w - w_mean)) ** 2
             sigma = max(math.sqrt(rss / (n - 2)), reading)
         else:
             sigma = reading
@@ -479,40 +493,65 @@ class SafetyLayer:
         """``[n_knobs, n_actions]`` bool: the moves each knob may make on its own this tick.
 
         Call it once per tick: it also updates the estimate of a worker's memory.
+
+        A move is allowed when it stays within the knob's bounds (holding always is), and, if it adds:
+        for a worker, when the free CPUs plus what the other stages could give up this tick cover it
+        and its cost (its stage's price, ``stage_worker_bytes``; a lone +1 at most its probe) fits
+        ``worker_budget``; for a buffer, when its MB fit ``memory_budget``. Past the margin
+        (``_past_margin``) buffers may only shrink, or hold where they cannot.
+        The cells are few (knobs x moves): plain Python, where each numpy call would cost more than
+        the arithmetic it does.
         """
         self.track(obs)
         values = [k.value for k in self.knobs] if values is None else list(values)
-        v = np.asarray(values, dtype=np.int64)[:, None]
-        lo, hi = self._lo, self._hi
-        step = self.deltas[None, :] * self.units(obs)[:, None]
-        new = v + step
-        allowed = (new >= lo) & (new <= hi)
-        allowed[:, self.zero] = True
-        up = step > 0
-
-        free_cpus = int(np.floor(obs.free_cpus + 1e-9))
+        units = self.units(obs).tolist()
+        deltas, zero, is_cpu = self._delta_list, self.zero, self._is_cpu_list
         budget = self.memory_budget(obs, values)
-        room = np.where(self._is_cpu, self.worker_budget(obs, values, budget), budget)[:, None]
-        # each added worker at its own stage's price (stage_worker_bytes), a buffer step at 1 MB; one +1
-        # per tick is priced at most its probe. The refined price only where the coarse one is refused
-        probe = self._is_cpu[:, None] & (step == 1)
-        for refined in (False, True):
-            cost = step * np.where(self._is_cpu, self.stage_worker_bytes(obs, refined), float(MB))[:, None]
-            cost = np.where(probe, np.minimum(cost, self.probe_bytes(obs)[:, None]), cost)
-            if not (up & self._is_cpu[:, None] & (cost > room)).any():
-                break
-        # a worker may be added if the free CPUs, plus what the other stages could give up this tick, allow it
-        movable = np.minimum(v[:, 0] - lo[:, 0], int(-self.deltas.min())) * self._is_cpu
-        cpu_ok = ~self._is_cpu[:, None] | (step <= max(free_cpus, 0) + (movable.sum() - movable)[:, None])
-        allowed &= ~up | (cpu_ok & (cost <= room))
+        worker_room = self.worker_budget(obs, values, budget)
+        free_cpus = max(int(math.floor(obs.free_cpus + 1e-9)), 0)
+        # workers each CPU knob could give up this tick: the other stages' sum is what a +d may also use
+        movable = [min(int(v) - lo, self._largest_cut) if cpu else 0
+                   for v, lo, cpu in zip(values, self._lo_list, is_cpu, strict=True)]
+        total_movable = sum(movable)
 
-        if self._past_margin(obs, budget):  # only shrinking buffers (or holding), and what ``room`` let workers do
-            allowed &= ~up | self._is_cpu[:, None]
-            down = self.deltas < 0
-            for k in self._mb:
-                if allowed[k, down].any():
-                    allowed[k, ~down] = False
-        return allowed
+        allowed: list[list[bool]] = []
+        adds: list[tuple[int, int, int]] = []  # (knob, action, step): workers added within the bounds and CPUs
+        for k, (v, u, lo, hi, cpu) in enumerate(zip(values, units, self._lo_list, self._hi_list, is_cpu, strict=True)):
+            row = []
+            for a, d in enumerate(deltas):
+                step = d * u
+                ok = a == zero or lo <= v + step <= hi
+                if ok and step > 0:
+                    if cpu:
+                        ok = step <= free_cpus + total_movable - movable[k]
+                        if ok:
+                            adds.append((k, a, step))
+                    else:
+                        ok = step * float(MB) <= budget
+                row.append(ok)
+            allowed.append(row)
+        if adds:  # each added worker at its own stage's price; the refined one only where the coarse one refuses
+            probe = self.probe_bytes(obs).tolist()
+            for refined in (False, True):
+                price = self.stage_worker_bytes(obs, refined).tolist()
+                over = [(k, a) for k, a, step in adds
+                        if not (min(step * price[k], probe[k]) if step == 1 else step * price[k]) <= worker_room]
+                if not over:
+                    break
+            for k, a in over:
+                allowed[k][a] = False
+
+        if self._past_margin(obs, budget):  # only shrinking buffers (or holding), and what the room let workers do
+            for k in self._mb.tolist():
+                row = allowed[k]
+                for a, d in enumerate(deltas):
+                    if d > 0:
+                        row[a] = False
+                if any(row[a] for a, d in enumerate(deltas) if d < 0):
+                    for a, d in enumerate(deltas):
+                        if d >= 0:
+                            row[a] = False
+        return np.array(allowed, dtype=bool).reshape(len(values), len(deltas))
 
     def memory_comfortable(self, obs: Observation, values: Sequence[int]) -> bool:
         """Every buffer full would still leave a quarter of the margin free (or there is no limit)."""
@@ -530,17 +569,21 @@ class SafetyLayer:
         - buffers that cannot fit when full are cut now (``trim``), whatever was chosen (recorded as the
           largest decrease).
         """
-        choice = choice.copy()
-        now = np.asarray(values, dtype=np.int64)
-        wanted = now + self.moves(choice, obs)
-        floored = (wanted < floor) & (wanted < now) & self.memory_comfortable(obs, values)
-        wanted = np.where(floored, now, wanted)
-        choice[floored] = self.zero
-        trimmed = self.trim(obs, values)  # never above the current values
-        forced = ~self._is_cpu & (trimmed < now) & (trimmed < wanted)
-        wanted = np.where(forced, trimmed, wanted)
-        choice[forced] = int(np.argmin(self.deltas))
-        return wanted, choice
+        units = self.units(obs).tolist()
+        picks = choice.tolist()
+        comfortable = self.memory_comfortable(obs, values)
+        trimmed = self.trim(obs, values).tolist()  # never above the current values
+        largest_cut = self._largest_cut_action
+        wanted = []
+        for k, (v, lowest, cut, cpu) in enumerate(zip(values, np.asarray(floor).tolist(), trimmed, self._is_cpu_list, strict=True)):
+            now = int(v)
+            w = now + self._delta_list[picks[k]] * units[k]
+            if comfortable and w < lowest and w < now:
+                w, picks[k] = now, self.zero
+            if not cpu and cut < now and cut < w:
+                w, picks[k] = cut, largest_cut
+            wanted.append(w)
+        return np.array(wanted, dtype=np.int64), np.array(picks, dtype=np.int64)
 
     def _past_margin(self, obs: Observation, budget: float) -> bool:
         """An OOM (or the restart after it), memory used past the margin, or buffers that would take
@@ -571,7 +614,6 @@ class SafetyLayer:
         (one +1 per tick may be priced at its probe at most, ``probe_bytes``).
         """
         values = [k.value for k in self.knobs] if values is None else list(values)
-        unit = self.units(obs)
         masked = np.where(allowed, scores, -np.inf)
         choice = masked.argmax(axis=1)
         cpu = self._cpu
@@ -579,25 +621,35 @@ class SafetyLayer:
             budget = max(int(np.floor(obs.free_cpus + 1e-9)), 0)
             choice[cpu] = self._best_under_cpu_budget(masked[cpu], budget)
 
+        # the memory: few knobs, so plain Python (the sums of costs keep numpy's order, as the limit compares them)
+        picks = choice.tolist()
+        moves = [self._delta_list[a] * u for a, u in zip(picks, self.units(obs).tolist(), strict=True)]
+        is_cpu = self._is_cpu_list
         mem_budget = self.worker_budget(obs, values)  # buffers past the margin may only shrink (the mask)
-        moves = self.deltas[choice] * unit
-        mem_budget -= float(moves[~self._is_cpu & (moves < 0)].sum()) * MB  # shrinking buffers frees memory
-        cost = np.where(self._is_cpu, self.stage_worker_bytes(obs, False), float(MB)) * np.maximum(moves, 0)
-        if cost.sum() > mem_budget:  # the refined price (never higher) only where the coarse one binds
-            cost = np.where(self._is_cpu, self.stage_worker_bytes(obs), float(MB)) * np.maximum(moves, 0)
-        if cost.sum() > mem_budget:
-            rising = np.flatnonzero(moves > 0)
-            advantage = masked[rising, choice[rising]] - masked[rising, self.zero]
+        mem_budget -= float(sum(m for m, c in zip(moves, is_cpu, strict=True) if not c and m < 0)) * MB  # shrinking buffers frees memory
+
+        def costs(refined: bool) -> list[float]:
+            price = self.stage_worker_bytes(obs, refined).tolist()
+            return [(p if c else float(MB)) * max(m, 0) for p, c, m in zip(price, is_cpu, moves, strict=True)]
+
+        cost = costs(False)
+        if float(np.sum(cost)) > mem_budget:  # the refined price (never higher) only where the coarse one binds
+            cost = costs(True)
+        if float(np.sum(cost)) > mem_budget:
+            rising = [k for k, m in enumerate(moves) if m > 0]
+            rows = masked.tolist()
+            advantage = {k: rows[k][picks[k]] - rows[k][self.zero] for k in rising}
+            probe = self.probe_bytes(obs).tolist()
             probing = True
-            for k in rising[np.argsort(-advantage, kind="stable")]:
+            for k in sorted(rising, key=lambda k: -advantage[k]):  # stable: on ties, the knobs' order
                 c = cost[k]
-                if self._is_cpu[k] and moves[k] == 1 and probing and c > mem_budget:
-                    c, probing = min(c, float(self.probe_bytes(obs)[k])), False
+                if is_cpu[k] and moves[k] == 1 and probing and c > mem_budget:
+                    c, probing = min(c, probe[k]), False
                 if c <= mem_budget:
                     mem_budget -= c
                 else:
-                    choice[k] = self.zero
-        return choice
+                    picks[k] = self.zero
+        return np.array(picks, dtype=np.int64)
 
     def _best_under_cpu_budget(self, scores: np.ndarray, budget: int) -> np.ndarray:
         """argmax of sum_k scores[k, a_k] subject to sum_k deltas[a_k] <= budget (dynamic programme).
@@ -605,9 +657,10 @@ class SafetyLayer:
         Most ticks each knob's own best action already fits the budget together; that is then the answer
         and the programme is skipped (with both CPUs busy: 0.70 -> 0.44 ms per decision)."""
         order = self._order
-        own_best = order[np.argmax(scores[:, order], axis=1)]
-        if int(self.deltas[own_best].sum()) <= budget:
-            return own_best
+        order_list = order.tolist()
+        own_best = [max(order_list, key=row.__getitem__) for row in scores.tolist()]  # the first of equals, as argmax
+        if sum(self._delta_list[a] for a in own_best) <= budget:
+            return np.array(own_best, dtype=np.int64)
         n, reach = len(scores), int(np.abs(self.deltas).max())
         offset = n * reach
         width = 2 * offset + 1
