@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,17 +43,28 @@ def main() -> None:
     trees = {"this tree": here, f"other tree ({other.name})": other}
     medians: dict[str, dict[str, list[float]]] = {name: {p: [] for p in POLICIES} for name in trees}
     with tempfile.TemporaryDirectory() as tmp:
-        for k in range(rounds):
-            for name, tree in (trees.items() if k % 2 == 0 else reversed(trees.items())):
-                got = one_run(tree, Path(tmp) / "out.json")
-                print(f"round {k + 1} {name}: " + ", ".join(f"{p} {got[p]:.3f} ms" for p in POLICIES), flush=True)
-                for p in POLICIES:
-                    medians[name][p].append(got[p])
+        for k, name, tree in interleaved(trees, rounds):
+            got = one_run(tree, Path(tmp) / "out.json")
+            print(f"round {k + 1} {name}: " + ", ".join(f"{p} {got[p]:.3f} ms" for p in POLICIES), flush=True)
+            for p in POLICIES:
+                medians[name][p].append(got[p])
     print("median (range) of the per-run medians, ms per decision:")
-    for name, by_policy in medians.items():
-        cells = [f"{p} {np.median(v):.3f} ({min(v):.3f}-{max(v):.3f})" for p, v in by_policy.items()]
-        print(f"  {name}: " + ", ".join(cells))
+    print_medians(medians, 3)
 
+
+def interleaved(trees: dict[str, Path], rounds: int) -> Iterator[tuple[int, str, Path]]:
+    """``(round, name, tree)`` for every run: each round runs every tree once, the order reversed every
+    other round, so that a drift of the machine's speed weighs on both alike."""
+    for k in range(rounds):
+        for name, tree in (trees.items() if k % 2 == 0 else reversed(trees.items())):
+            yield k, name, tree
+
+
+def print_medians(seen: dict[str, dict[str, list[float]]], digits: int) -> None:
+    """Per tree, each figure's median and range over its runs."""
+    for name, by_figure in seen.items():
+        cells = [f"{f} {np.median(v):.{digits}f} ({min(v):.{digits}f}-{max(v):.{digits}f})" for f, v in by_figure.items()]
+        print(f"  {name}: " + ", ".join(cells))
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab import interleaved, print_medians  # noqa: E402  (this folder is not a package)
 
 CHILD = """
 import json, sys
@@ -46,18 +47,14 @@ def main() -> None:
     policy = sys.argv[4] if len(sys.argv) > 4 else "intune"
     trees = {"this tree": here, f"other tree ({other.name})": other}
     seen: dict[str, dict[str, list[float]]] = {name: {f: [] for f in FIELDS} for name in trees}
-    for k in range(rounds):
-        for name, tree in (trees.items() if k % 2 == 0 else reversed(trees.items())):
-            stats = one_run(tree, policy, seconds)
-            cells = ", ".join(f"{f} {stats.get(f, float('nan')):.4f}" for f in FIELDS)
-            print(f"round {k + 1} {name} ({policy}, {stats.get('decisions', 0):.0f} decisions): {cells}", flush=True)
-            for f in FIELDS:
-                seen[name][f].append(float(stats.get(f, float("nan"))))
+    for k, name, tree in interleaved(trees, rounds):
+        stats = one_run(tree, policy, seconds)
+        cells = ", ".join(f"{f} {stats.get(f, float('nan')):.4f}" for f in FIELDS)
+        print(f"round {k + 1} {name} ({policy}, {stats.get('decisions', 0):.0f} decisions): {cells}", flush=True)
+        for f in FIELDS:
+            seen[name][f].append(float(stats.get(f, float("nan"))))
     print("median (range) over the runs:")
-    for name, by_field in seen.items():
-        cells = [f"{f} {np.median(v):.4f} ({min(v):.4f}-{max(v):.4f})" for f, v in by_field.items()]
-        print(f"  {name}: " + ", ".join(cells))
-
+    print_medians(seen, 4)
 
 if __name__ == "__main__":
     main()

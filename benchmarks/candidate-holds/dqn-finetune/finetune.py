@@ -1,10 +1,14 @@
 """DQN fine-tuning from the shipped network: does it collapse, and is the decision rule why?"""
-import sys, time
+import sys
+import time
 from dataclasses import replace
-import numpy as np, torch
-from intune.agent.policy import load_weights
-from intune.agent.pretrain import make_evaluator, training_sim, SimEnv
+
+import torch
+
 from intune.agent.dqn import train
+from intune.agent.policy import load_weights
+from intune.agent.pretrain import SimEnv, make_evaluator, training_sim
+
 torch.set_num_threads(1)
 q, cfg = load_weights()
 lr, eps0, steps = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
