@@ -421,3 +421,46 @@ def test_the_reachable_optimum_is_what_a_masked_policy_may_grow_to():
     # where memory does not bind, it is the margin's optimum (criteo's)
     criteo = Simulator("criteo", cpus=32, seed=0)
     assert search_optimum(criteo, 32, "reachable", margins)[1] == pytest.approx(criteo.optimum(32)[1])
+
+
+def _stage_rates(sim, alloc):
+    p = sim.params
+    workers = np.array([alloc[f"{s}.workers"] for s in p.names])
+    mb = np.array([alloc.get(f"{s}.buffer_mb", 0) for s in p.names])
+    return model.stage_rates(p, workers, mb, sim.cpu_multipliers()), workers, mb
+
+
+def test_the_headroom_target_gives_spare_capacity_where_a_stage_can_take_it():
+    # held-out-777-9 of the agent benchmark: the reward's optimum leaves the reader just fast enough
+    # (busy ~0.93, as one worker short is); the headroom target gives it 15% spare, at the same rows/s
+    rng = np.random.default_rng(777)
+    spec = [random_workload(rng, name=f"h-{i}") for i in range(10)][9]
+    sim = Simulator(spec, cpus=64, seed=0)
+    p = sim.params
+    optimum, rate = search_optimum(sim, 64, "reward")
+    target, target_rate = search_optimum(sim, 64, "headroom")
+    assert target_rate == pytest.approx(rate, rel=1e-9)
+    assert sim.true_throughput(target) == pytest.approx(sim.true_throughput(optimum), rel=1e-9)
+    rates, workers, mb = _stage_rates(sim, target)
+    before, reward_workers, _ = _stage_rates(sim, optimum)
+    assert np.all(workers >= reward_workers)
+    grown = workers > reward_workers
+    assert grown.any() and np.all(rates[grown] >= 1.15 * rate * (1 - 1e-9))
+    assert np.all(before[grown] < 1.15 * rate)  # only stages short of the spare grow
+    assert model.worst_case_memory(p, workers, mb) <= MEMORY_SAFE_FRACTION * p.limit_bytes
+
+
+def test_the_headroom_target_leaves_a_capped_stage_and_a_tight_memory_alone():
+    rng = np.random.default_rng(777)
+    specs = [random_workload(rng, name=f"h-{i}") for i in range(5)]
+    # h-1: the prefetcher is capped by the GIL at the optimum's rate, so no worker count gives it spare
+    sim = Simulator(specs[1], cpus=64, seed=0)
+    optimum, rate = search_optimum(sim, 64, "reward")
+    target, _ = search_optimum(sim, 64, "headroom")
+    capped = sim.params.names[1]
+    assert sim.params.gil_fraction[1] > 0 and target[f"{capped}.workers"] == optimum[f"{capped}.workers"]
+    # h-4: the reward's optimum already takes memory past the margin: no worker is added
+    sim = Simulator(specs[4], cpus=64, seed=0)
+    optimum, _ = search_optimum(sim, 64, "reward")
+    assert model.worst_case_memory(sim.params, *_stage_rates(sim, optimum)[1:]) > MEMORY_SAFE_FRACTION * sim.params.limit_bytes
+    assert search_optimum(sim, 64, "headroom")[0] == optimum

@@ -33,6 +33,7 @@ from intune.agent.imitation import ImitationLog, imitate
 from intune.agent.network import BranchingQNetwork, EnsembleQNetwork
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
 from intune.results import save_figure
+from intune.sim.oracle import OBJECTIVES
 from intune.sim.schedule import PAPER_LEVELS
 
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
@@ -53,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-only", action="store_true", help="ablation: the paper's global observation")
     parser.add_argument("--deltas", default=",".join(str(d) for d in defaults.action_deltas),
                         help="per-knob moves, e.g. -1,0,1 for the ablation without +-5")
-    parser.add_argument("--teacher", choices=("reward", "reachable", "throughput"), default=defaults.teacher_objective,
+    parser.add_argument("--teacher", choices=OBJECTIVES, default=defaults.teacher_objective,
                         help="what the imitation teacher's allocation maximises (AgentConfig.teacher_objective)")
     parser.add_argument("--remote-share", type=float, default=defaults.imitation_remote_share,
                         help="share of the imitation's pipelines with a remote pool")

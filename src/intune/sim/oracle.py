@@ -82,8 +82,10 @@ from intune.sim.model import ModelParams
 from intune.units import MB
 
 _BISECTIONS = 60
+OBJECTIVES = ("reward", "throughput", "reachable", "headroom")  # what ``search_optimum`` may maximise
 _REWARD_TOLERANCE = 1e-7  # the reward's branch and bound stops when no interval can beat the best by more
 _REWARD_PROBES = 400  # and never probes more targets than this (a guard; the tests never reach it)
+HEADROOM_SPARE = 0.15  # the spare capacity the ``headroom`` objective gives every stage that can take it
 
 
 @dataclass(frozen=True)
@@ -477,6 +479,43 @@ def bounds_from_knobs(names: tuple[str, ...], knobs: Mapping[str, Knob]) -> Boun
     return Bounds(*(np.array(x, dtype=int) for x in (w_min, w_max, b_min, b_max)))
 
 
+def headroom_allocation(
+    p: ModelParams,
+    cpus: int,
+    bounds: Bounds,
+    cpu_mult: np.ndarray | float = 1.0,
+    remote_rows: np.ndarray | None = None,
+    spare: float = HEADROOM_SPARE,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(workers, buffer_mb, rows/s)``: the reward's optimum, with each stage given the fewest more
+    workers that let it run ``1 + spare`` times the optimum's rows/s, stage by stage in pipeline order,
+    where that keeps the rows/s (the CPUs' bound) and the worst-case memory within
+    ``MEMORY_SAFE_FRACTION`` of the limit; a stage that cannot get there (capped by the GIL, its
+    bound, or its contention) keeps the optimum's workers.
+
+    Why: the reward's optimum is the least memory reaching the most rows/s, so each stage has just
+    enough workers and is busy ~0.95-1.0 of the time there, as a stage one worker short is. A teacher
+    that holds there labels "hold" in states a learner cannot tell from ones where it must grow, except
+    by their history. With spare capacity a stage is busy at most ``1 / (1 + spare)`` of the time at
+    the target, so a busy stage that can grow, with free CPUs, is labelled "grow"."""
+    w, b, tau = reward_optimal_allocation(p, cpus, bounds, cpu_mult, remote_rows)
+    if tau <= 0:
+        return w, b, tau
+    s = _Search(p, cpus, bounds, cpu_mult, remote_rows)
+    budget = MEMORY_SAFE_FRACTION * p.limit_bytes if p.limit_bytes > 0 else np.inf
+    w, b = w.copy(), b.copy()
+    for i in range(p.n_stages):
+        factor = float(model.buffer_factor(_one(p, i), b[i : i + 1] if p.has_buffer[i] else np.zeros(1))[0])
+        reach = np.flatnonzero((s.ws[i] >= w[i]) & (s.caps[i] * factor >= (1.0 + spare) * tau - s.offset[i]))
+        if not len(reach) or s.ws[i][reach[0]] == w[i]:
+            continue
+        trial = w.copy()
+        trial[i] = s.ws[i][reach[0]]
+        if s.throughput(trial, b) >= tau * (1.0 - 1e-9) and model.worst_case_memory(p, trial, b) <= budget:
+            w = trial
+    return w, b, s.throughput(w, b)
+
+
 def search_optimum(
     sim, cpus: int, objective: str = "reward", margins: tuple[float, float] = (MEMORY_SAFE_FRACTION, 1.0),
     remote_workers: int | None = None,
@@ -488,6 +527,8 @@ def search_optimum(
     limit), which is what scores measure against: every allocation the runner may grant is a candidate,
     so no policy's ratio to it exceeds 1, whereas a policy may beat the reward's optimum in rows/s by
     running past the reward's memory margin.
+    ``"headroom"``: the reward's optimum rows/s with spare capacity in every stage
+    (``headroom_allocation``).
     ``"reachable"``: the most rows/s of any allocation a safety mask with ``margins`` ``(margin,
     ceiling)`` lets a policy reach: worst-case memory under ``margin`` of the limit, or, with every
     buffer at its minimum, under ``ceiling`` (past the margin the mask lets only workers grow).
@@ -497,8 +538,8 @@ def search_optimum(
     """
     p = sim.params
     bounds, mult = bounds_from_knobs(p.names, sim.knobs), sim.cpu_multipliers()
-    if objective not in ("reward", "throughput", "reachable"):
-        raise ValueError(f"objective must be 'reward', 'throughput' or 'reachable', got {objective!r}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     pool, remote, placed = sim.remote_pool, None, {}
     if pool is not None:  # the fewest remote workers first, then the local optimum beside them
         r = fewest_remote(sim, cpus)[0] if remote_workers is None else int(remote_workers)
@@ -507,6 +548,8 @@ def search_optimum(
     limit = p.limit_bytes if p.limit_bytes > 0 else np.inf
     if objective == "reward":
         w, b, t = reward_optimal_allocation(p, cpus, bounds, mult, remote)
+    elif objective == "headroom":
+        w, b, t = headroom_allocation(p, cpus, bounds, mult, remote)
     elif objective == "throughput":
         w, b, t = optimal_allocation(p, cpus, bounds, mult, memory_budget=limit, remote_rows=remote)
     else:
