@@ -1,0 +1,27 @@
+"""Build ensembles (mean Q-values, ``EnsembleQNetwork``) of the headroom-teacher seeds: ``ens01.pt``
+(seeds 0 and 1) and ``ens0123.pt`` (all four), written to the directory given (default /tmp).
+
+Run: ``python benchmarks/candidate-holds/headroom-teacher/ensemble.py [DIR]``.
+"""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from intune.agent.network import EnsembleQNetwork
+from intune.agent.policy import load_weights, save_weights
+
+HERE = Path(__file__).parent
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp")
+    for name, seeds in (("ens01", (0, 1)), ("ens0123", (0, 1, 2, 3))):
+        loaded = [load_weights(HERE / f"seed{s}.pt") for s in seeds]
+        config = replace(loaded[0][1], ensemble_members=len(seeds),
+                         extra={**loaded[0][1].extra, "command": f"ensemble.py: headroom seeds {seeds}"})
+        print("wrote", save_weights(out / f"{name}.pt", EnsembleQNetwork([q for q, _ in loaded]), config))
+
+
+if __name__ == "__main__":
+    main()
