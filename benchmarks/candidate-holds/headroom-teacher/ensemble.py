@@ -1,5 +1,5 @@
 """Build ensembles (mean Q-values, ``EnsembleQNetwork``) of the headroom-teacher seeds: ``ens01.pt``
-(seeds 0 and 1) and ``ens0123.pt`` (all four), written to the directory given (default /tmp).
+(seeds 0 and 1), ``ens012.pt`` (seeds 0-2) and ``ens0123.pt`` (all four), written to the directory given (default /tmp).
 
 Run: ``python benchmarks/candidate-holds/headroom-teacher/ensemble.py [DIR]``.
 """
@@ -16,7 +16,7 @@ HERE = Path(__file__).parent
 
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp")
-    for name, seeds in (("ens01", (0, 1)), ("ens0123", (0, 1, 2, 3))):
+    for name, seeds in (("ens01", (0, 1)), ("ens012", (0, 1, 2)), ("ens0123", (0, 1, 2, 3))):
         loaded = [load_weights(HERE / f"seed{s}.pt") for s in seeds]
         config = replace(loaded[0][1], ensemble_members=len(seeds),
                          extra={**loaded[0][1].extra, "command": f"ensemble.py: headroom seeds {seeds}"})
