@@ -505,7 +505,7 @@ def headroom_allocation(
     budget = MEMORY_SAFE_FRACTION * p.limit_bytes if p.limit_bytes > 0 else np.inf
     w, b = w.copy(), b.copy()
     for i in range(p.n_stages):
-        factor = float(model.buffer_factor(_one(p, i), b[i : i + 1] if p.has_buffer[i] else np.zeros(1))[0])
+        factor = float(model.buffer_factor(_one(p, i), b[i : i + 1])[0])  # a stage without a buffer knob: its queue
         reach = np.flatnonzero((s.ws[i] >= w[i]) & (s.caps[i] * factor >= (1.0 + spare) * tau - s.offset[i]))
         if not len(reach) or s.ws[i][reach[0]] == w[i]:
             continue
