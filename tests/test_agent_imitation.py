@@ -255,3 +255,25 @@ def test_where_the_limits_admit_one_step_the_teacher_gives_it_to_the_knob_that_l
         return min(alloc["read.workers"] * 1e6 / 7, alloc["udf.workers"] * 1e6)
 
     assert [DELTAS[a] for a in teacher_choice(safety, obs, values, target, mask, reader_bound)] == [1, 0]
+
+
+def test_in_a_hold_spell_no_local_knob_moves_and_the_states_reached_still_get_the_teachers_labels():
+    # the teacher acts on every tick (share 1), so every move outside a spell is toward the optimum;
+    # with holds, some ticks move nothing and those states are labelled with the move still owed
+    config = AgentConfig()
+    runs = {}
+    for hold in (0.0, 0.3):
+        policy = DaggerPolicy(IntunePolicy(network=new_network(config), config=config, online=False), 1.0,
+                              np.random.default_rng(3), 0.0, hold_share=hold)
+        result = run_episode(Simulator(TINY, cpus=8, seed=0), policy, 40)
+        udf = result.knobs["udf.workers"]
+        still = [t for t in range(1, len(udf)) if udf[t] == udf[t - 1]]
+        owed = [DELTAS[policy.states[t - 1][3][1]] for t in still if t - 1 < len(policy.states)]
+        runs[hold] = (udf, still, owed, len(policy.states))
+    (plain, _, plain_owed, n_plain), (held, still, owed, n_held) = runs[0.0], runs[0.3]
+    assert n_plain == n_held == 39  # every tick but the start is labelled, held or not
+    assert plain_owed.count(5) + plain_owed.count(1) == 0  # without holds the teacher never stops short
+    assert any(d > 0 for d in owed)  # a spell stopped the udf short of its target: the label says go on
+    assert held[-1] == plain[-1]  # after the spells the teacher still reaches the same allocation
+    with pytest.raises(ValueError, match="imitation_hold_share"):
+        AgentConfig(imitation_hold_share=1.5)

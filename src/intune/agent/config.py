@@ -116,6 +116,14 @@ class AgentConfig:
     imitation_teacher_share: float = 0.2
     """Share of ticks in the learner's rounds where the teacher acts (the states it leads to get labels too)."""
 
+    imitation_hold_share: float = 0.0
+    """Share of the imitation's ticks that begin a hold spell: for 2-8 ticks no local knob moves,
+    whatever the learner or the teacher asks, and every state reached is labelled as any other
+    (``imitation.DaggerPolicy``). Why: a learner that stops short of its target (after a resize, on a
+    pipeline it misreads) reaches states whose history says "hold" while the allocation is off, and
+    rollouts that keep moving toward the target rarely show them; without them a network learns to
+    continue its last move instead of reading the stages. 0 draws nothing: the rollouts as before."""
+
     imitation_learning_rate: float = 2e-3
     """Adam learning rate of the imitation rounds."""
 
@@ -202,7 +210,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.decision not in DECISIONS:
             raise ValueError(f"AgentConfig.decision must be one of {DECISIONS}, got {self.decision!r}")
-        for name in ("imitation_remote_share", "imitation_waiting_share", "imitation_waiting_gil_share"):
+        for name in ("imitation_remote_share", "imitation_waiting_share", "imitation_waiting_gil_share", "imitation_hold_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AgentConfig.{name} must be a share in [0, 1], got {getattr(self, name)!r}")
         if self.imitation_regret_weight < 0:

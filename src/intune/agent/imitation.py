@@ -41,14 +41,18 @@ class DaggerPolicy:
 
     ``states`` collects ``(rows, valid, mask, label, weight, regret)`` padded to ``MAX_KNOBS``. A run starts at the
     even split or, with ``random_start``, at a random allocation (asked of the runner like any request),
-    so that the network also learns to recover from allocations it would never choose.
+    so that the network also learns to recover from allocations it would never choose. With
+    ``hold_share``, that share of ticks begins a hold spell of 2-8 ticks in which no local knob moves
+    (``AgentConfig.imitation_hold_share``): the stalls a learner makes, labelled like any state.
     """
 
     name = "dagger"
 
     def __init__(self, student: IntunePolicy, teacher_share: float, rng: np.random.Generator,
-                 random_start: float, refresh_ticks: int = TEACHER_REFRESH_TICKS) -> None:
+                 random_start: float, refresh_ticks: int = TEACHER_REFRESH_TICKS, hold_share: float = 0.0) -> None:
         self.student = student
+        self.hold_share = hold_share
+        self._hold_left = 0
         self.sim = None
         self.teacher_share = teacher_share
         self.rng = rng
@@ -70,6 +74,7 @@ class DaggerPolicy:
         self.student.reset(knobs, observation)
         self.teacher.reset(knobs, observation)
         self._first = True
+        self._hold_left = 0
 
     def step(self, observation: Observation) -> dict[str, int]:
         if self._first:
@@ -100,10 +105,14 @@ class DaggerPolicy:
         if config.imitation_regret_weight > 0:
             padded_regret[:n] = action_regrets(safety, observation, values, target, mask, cost)
         self.states.append((rows, valid, padded_mask, padded_label, padded_weight, padded_regret))
+        local = {k.name for k in safety.knobs}
+        if self._hold_left > 0 or (self.hold_share > 0 and self.rng.random() < self.hold_share):
+            self._hold_left = (self._hold_left or int(self.rng.integers(2, 9))) - 1
+            self.student.chooser.builder.applied(np.zeros(n))
+            return {name: value for name, value in request.items() if name not in local}  # the sizing rule's
         if self.rng.random() < self.teacher_share:
             wanted, choice = safety.hard_limits(label, observation, values, self.student.floor)
             self.student.chooser.builder.applied(safety.deltas[choice])
-            local = {k.name for k in safety.knobs}
             remote = {name: value for name, value in request.items() if name not in local}  # the sizing rule's
             return {**remote, **{k.name: int(w) for k, v, w in zip(safety.knobs, values, wanted, strict=True) if w != v}}
         return request
@@ -213,7 +222,8 @@ def imitate(
         for _ in range(config.imitation_episodes):
             sim = make_sim(rng)
             student = IntunePolicy(network=q, config=config, online=False)
-            policy = DaggerPolicy(student, share, rng, config.random_start_probability)
+            policy = DaggerPolicy(student, share, rng, config.random_start_probability,
+                                  hold_share=config.imitation_hold_share)
             run_episode(sim, policy, config.imitation_ticks)
             data.extend(policy.states)
         q.train()

@@ -65,6 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weigh-holds", action="store_true", default=defaults.imitation_weigh_holds,
                         help="a knob at its target weighs what its costlier move one step away would cost "
                              "(AgentConfig.imitation_weigh_holds; off: the floor)")
+    parser.add_argument("--hold-share", type=float, default=defaults.imitation_hold_share,
+                        help="share of the imitation's ticks that begin a 2-8 tick spell with no local move "
+                             "(AgentConfig.imitation_hold_share; 0: off)")
     parser.add_argument("--regret-weight", type=float, default=defaults.imitation_regret_weight,
                         help="weight of the imitation's expected-regret term, every action priced where it "
                              "lands (AgentConfig.imitation_regret_weight; 0: off)")
@@ -281,13 +284,14 @@ def run(args: argparse.Namespace) -> int:
                + (f" --decision {args.decision}" if args.decision != defaults.decision else "")
                + (" --weigh-holds" if args.weigh_holds else "")
                + (f" --regret-weight {args.regret_weight}" if args.regret_weight else "")
+               + (f" --hold-share {args.hold_share}" if args.hold_share else "")
                + f" --out {args.out}")
     config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
                          global_only=args.global_only, teacher_objective=args.teacher,
                          validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
                          imitation_waiting_share=args.waiting_share, imitation_waiting_gil_share=args.waiting_gil_share,
-                         imitation_weigh_holds=args.weigh_holds,
+                         imitation_weigh_holds=args.weigh_holds, imitation_hold_share=args.hold_share,
                          imitation_regret_weight=args.regret_weight, ensemble_members=args.members, decision=args.decision, extra={"command": command})
     started = time.time()
     path, members = pretrain(config, args.out, jobs=args.jobs, keep=args.keep)
