@@ -1,16 +1,13 @@
 """Build the ensemble (mean Q-values, ``EnsembleQNetwork``) of all four hold-spell seeds, ``ens0123.pt``,
-written to the directory given (default /tmp). All four, not a chosen few: the members are not picked
-by any benchmark figure.
+written to the directory given (default /tmp), with the headroom candidate's ``ensemble.py``. All four,
+not a chosen few: the members are not picked by any benchmark figure.
 
 Run: ``python benchmarks/candidate-holds/hold-spells/ensemble.py [DIR]``.
 """
 
+import importlib.util
 import sys
-from dataclasses import replace
 from pathlib import Path
-
-from intune.agent.network import EnsembleQNetwork
-from intune.agent.policy import load_weights, save_weights
 
 HERE = Path(__file__).parent
 SEEDS = (0, 1, 2, 3)
@@ -18,10 +15,10 @@ SEEDS = (0, 1, 2, 3)
 
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp")
-    loaded = [load_weights(HERE / f"seed{s}.pt") for s in SEEDS]
-    config = replace(loaded[0][1], ensemble_members=len(SEEDS),
-                     extra={**loaded[0][1].extra, "command": f"ensemble.py: hold-spell seeds {SEEDS}"})
-    print("wrote", save_weights(out / "ens0123.pt", EnsembleQNetwork([q for q, _ in loaded]), config))
+    spec = importlib.util.spec_from_file_location("headroom_ensemble", HERE.parent / "headroom-teacher" / "ensemble.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    print("wrote", builder.write_ensemble(out / "ens0123.pt", HERE, SEEDS, "hold-spell"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,11 @@
-import sys, torch
+"""Rewrite a weights file's decision rule: ``python redecide.py SRC DST RULE`` (``median`` needs
+``recipe.patch`` applied to load). The network's tensors are copied unchanged."""
+
+import sys
+
+import torch
+
 src, dst, rule = sys.argv[1:4]
-p = torch.load(src, map_location="cpu", weights_only=True)
-p["config"]["decision"] = rule
-torch.save(p, dst)
+payload = torch.load(src, map_location="cpu", weights_only=True)
+payload["config"]["decision"] = rule
+torch.save(payload, dst)
