@@ -13,12 +13,14 @@ reach. These rows do:
 - `teacher-reachable`: the same toward `--teacher reachable`'s target (the most rows/s the mask lets
   a policy reach);
 - `oracle-reachable`: `OraclePolicy(objective="reachable")` under the same margins, jumping there
-  (`benchmarks/feasibility/oracles.py`'s `reachable` row).
+  (`benchmarks/feasibility/oracles.py`'s `reachable` row);
+- `autotune`, for target 1's second clause (at least 0.98x `autotune` on every held-out spec where it
+  has no OOM).
 
 Every episode is scored as `intune bench agent` scores it (`score_episode`'s ratio: mean model
 throughput / mean phase optimum, simulator seed 0; here with each phase's ratio beside), on its shipped workloads, 40 held-out specs of each of its two
-seeds and its 20 waiting specs, at 60- and 150-tick phases, so the `intune`, `steer` and `oracle` rows
-equal `benchmarks/agent.json`'s to the last digit.
+seeds and its 20 waiting specs, at 60- and 150-tick phases, so the `intune`, `steer`, `autotune` and `oracle`
+rows equal `benchmarks/agent.json`'s to the last digit.
 
     python benchmarks/agent-ceiling/ceiling.py [--jobs 2] [--quick]
 
@@ -47,7 +49,7 @@ from intune.sim.episode import convergence_ticks, run_episode
 
 HERE = Path(__file__).resolve().parent
 HELD_OUT_SEEDS = (20231117, 777)
-POLICIES = ("intune", "steer", "teacher", "teacher-reachable", "oracle", "oracle-reachable")
+POLICIES = ("intune", "steer", "autotune", "teacher", "teacher-reachable", "oracle", "oracle-reachable")
 
 
 def make_policy(name: str):
@@ -94,23 +96,30 @@ def run_one(task: tuple) -> dict:
 
 def summary_lines(rows: list[dict], periods: tuple[int, ...]) -> list[str]:
     out = ["| policy | period | shipped: mean / worst | held out: mean / worst | held out / `steer`: mean | "
-           "waiting: mean / worst | phases at 95% within 30 ticks |",
-           "|---|---|---|---|---|---|---|"]
+           "held out: below 0.98x `autotune` where it has no OOM | waiting: mean / worst | "
+           "phases at 95% within 30 ticks | OOM ticks |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for period in periods:
-        steer = {r["workload"]: r["optimum_ratio"] for r in rows
-                 if r["policy"] == "steer" and r["period"] == period and r["group"] == "held-out"}
+        def held(name: str, period: int = period) -> dict[str, dict]:
+            return {r["workload"]: r for r in rows
+                    if r["policy"] == name and r["period"] == period and r["group"] == "held-out"}
+
+        steer, autotune = held("steer"), held("autotune")
+        survived = [w for w, r in autotune.items() if r["ooms"] == 0]
         for name in POLICIES:
             mine = [r for r in rows if r["policy"] == name and r["period"] == period]
             cells = []
             for group in ("shipped", "held-out", "waiting"):
                 values = [r["optimum_ratio"] for r in mine if r["group"] == group]
                 cells.append(f"{np.mean(values):.3f} / {min(values):.3f}" if values else "-")
-            held = [r for r in mine if r["group"] == "held-out"]
-            versus = np.mean([r["optimum_ratio"] / steer[r["workload"]] for r in held]) if steer and held else float("nan")
+            own = held(name)
+            versus = np.mean([r["optimum_ratio"] / steer[w]["optimum_ratio"] for w, r in own.items()]) if steer else float("nan")
+            below = sum(own[w]["optimum_ratio"] < 0.98 * autotune[w]["optimum_ratio"] for w in survived)
             conv = [c for r in mine for c in r["convergence_ticks"]]
             within = sum(c is not None and c <= WITHIN_TICKS for c in conv)
-            out.append(f"| {name} | {period} | {cells[0]} | {cells[1]} | {versus:.3f} | {cells[2]} | "
-                       f"{within}/{len(conv)} ({100 * within / max(len(conv), 1):.0f}%) |")
+            out.append(f"| {name} | {period} | {cells[0]} | {cells[1]} | {versus:.3f} | {below} of {len(survived)} | "
+                       f"{cells[2]} | {within}/{len(conv)} ({100 * within / max(len(conv), 1):.0f}%) | "
+                       f"{sum(r['ooms'] for r in mine)} |")
     return out
 
 
