@@ -2,10 +2,10 @@
 acting on every tick through the agent's own mask, start and runner, beside the network, `steer` and
 the oracles that jump to their allocation.
 
-Why: every network pretrained by imitation can at best do what its teacher does from the states it
-reaches. The oracle rows of `intune bench agent` jump to the optimum at every resize, past the mask
-(no memory projection, no probe pricing, no one-step moves), so they bound nothing a masked policy can
-reach. These rows do:
+Why: a network pretrained by imitation is trained toward what its teacher does from the states it
+reaches, not past it. The oracle rows of `intune bench agent` jump to the optimum at every resize, past
+the mask (no memory projection, no probe pricing, no one-step moves), so they say nothing of what a
+masked policy can reach. These rows show it:
 
 - `teacher`: `imitation.DaggerPolicy` with the teacher on every tick (teacher share 1, no random start,
   no hold spells), toward the shipped recipe's target (the reward's optimum at the mask's margins);
@@ -18,9 +18,10 @@ reach. These rows do:
   has no OOM).
 
 Every episode is scored as `intune bench agent` scores it (`score_episode`'s ratio: mean model
-throughput / mean phase optimum, simulator seed 0; here with each phase's ratio beside), on its shipped workloads, 40 held-out specs of each of its two
-seeds and its 20 waiting specs, at 60- and 150-tick phases, so the `intune`, `steer`, `autotune` and `oracle`
-rows equal `benchmarks/agent.json`'s to the last digit.
+throughput / mean phase optimum, simulator seed 0; here with each phase's ratio beside), on its shipped
+workloads, 40 held-out specs of each of its two seeds and its 20 waiting specs, at 60- and 150-tick
+phases, so the `intune`, `steer`, `autotune` and `oracle` rows equal `benchmarks/agent.json`'s to the
+last digit.
 
     python benchmarks/agent-ceiling/ceiling.py [--jobs 2] [--quick]
 
