@@ -271,6 +271,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--deltas must include 0 (hold), got {args.deltas}")
     if args.members < 1 or args.jobs < 1:
         raise SystemExit(f"--members and --jobs must be at least 1, got {args.members} and {args.jobs}")
+    if args.curve and Path(args.curve).suffix.lower() != ".png":  # refused before the minutes of training, not after
+        raise SystemExit(f"--curve writes the learning curve as a PNG: give a path ending in .png, got {args.curve} "
+                         "(--log-json writes it as JSON)")
     command = (f"intune pretrain --rounds {args.rounds} --episodes {args.episodes} --steps {args.steps} --seed {args.seed} "
                f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "")
                + (f" --teacher {args.teacher}" if args.teacher != defaults.teacher_objective else "")
