@@ -261,3 +261,16 @@ def test_validation_scores_a_network_as_the_agent_benchmark_scores_a_held_out_sp
     row, error = run_schedule_episode((sim.spec, "held-out", None, "intune", {}, 60, 0, None))  # the paper schedule
     assert error is None
     assert make_evaluator(config)(q) == pytest.approx(row["optimum_ratio"], rel=1e-9)
+
+
+def test_each_phase_is_scored_on_its_own_ticks():
+    from intune.policies import make
+    from intune.sim.schedule import stepped_schedule
+
+    sim = Simulator(TINY, cpus=stepped_schedule([8, 2], 20), seed=0, noise=0.02)
+    score = score_episode(sim, make("none"), seed=0)  # holds the spec's allocation in both phases
+    alloc = sim.allocation()
+    by_hand = [sim.true_throughput(alloc, cpus) / sim.optimum(cpus, objective="throughput")[1] for cpus in (8, 2)]
+    assert score.phase_ratios == pytest.approx(by_hand, rel=1e-9)
+    assert by_hand[0] != pytest.approx(by_hand[1], rel=0.01)  # the phases differ, so a mixed-up slice shows
+    assert min(by_hand) < score.ratio < max(by_hand)

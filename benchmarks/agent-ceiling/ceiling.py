@@ -17,8 +17,8 @@ masked policy can reach. These rows show it:
 - `autotune`, for target 1's second clause (at least 0.98x `autotune` on every held-out spec where it
   has no OOM).
 
-Every episode is scored as `intune bench agent` scores it (`score_episode`'s ratio: mean model
-throughput / mean phase optimum, simulator seed 0; here with each phase's ratio beside), on its shipped
+Every episode is scored as `intune bench agent` scores it (`score_episode`: mean model throughput /
+mean phase optimum, simulator seed 0; with each phase's ratio beside), on its shipped
 workloads, 40 held-out specs of each of its two seeds and its 20 waiting specs, at 60- and 150-tick
 phases, so the `intune`, `steer`, `autotune` and `oracle` rows equal `benchmarks/agent.json`'s to the
 last digit.
@@ -41,12 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from intune.agent.env import OPTIMUM_REFRESH_TICKS
+from intune.agent.evaluate import score_episode
 from intune.bench.agent import WITHIN_TICKS, build_policy, waiting_specs
 from intune.monitor.observation import MEMORY_SAFE_FRACTION
 from intune.policies.safety import WORKER_CEILING
 from intune.sim import Simulator, list_workloads, load_workload, paper_schedule, random_workload
-from intune.sim.episode import convergence_ticks, run_episode
 
 HERE = Path(__file__).resolve().parent
 HELD_OUT_SEEDS = (20231117, 777)
@@ -69,30 +68,23 @@ def make_policy(name: str):
     return build_policy(name, {})
 
 
-def run_one(task: tuple) -> dict:
-    """One episode, scored as ``score_episode`` scores it, with the ratio of each phase beside."""
+def held_out_specs(per_seed: int = 40) -> list:
+    """`intune bench agent`'s held-out specs: ``per_seed`` random specs from each of its seeds."""
+    specs = []
+    for seed in HELD_OUT_SEEDS:
+        rng = np.random.default_rng(seed)
+        specs += [random_workload(rng, name=f"held-out-{seed}-{i}") for i in range(per_seed)]
+    return specs
+
+
+def run_one(task: tuple, policy=None) -> dict:
+    """One episode scored by ``score_episode``; ``policy`` in place of the row name's, where given."""
     spec, group, name, period = task
     sim = Simulator(spec, cpus=paper_schedule(period_ticks=period), seed=0)
-    n = sim.schedule.length_ticks
-    optimum = np.zeros(n)
-    state = {"k": 0, "cpus": None, "since": 0, "value": 0.0}
-
-    def on_tick(obs, applied) -> None:  # score_episode's phase optimum, tick by tick
-        if obs.cpus != state["cpus"] or state["since"] >= OPTIMUM_REFRESH_TICKS:
-            state["value"] = float(sim.optimum(int(obs.cpus), objective="throughput")[1])
-            state["cpus"], state["since"] = obs.cpus, 0
-        state["since"] += 1
-        optimum[state["k"]] = state["value"]
-        state["k"] += 1
-
-    result = run_episode(sim, make_policy(name), n, seed=0, on_tick=on_tick)
-    phases = [(s, e, c) for s, e, c in sim.schedule.phases() if s < n]
-    model = result.model_throughput
-    bounds = [(max(s - 1, 0), min(e - 1, n)) for s, e, _ in phases]
+    score = score_episode(sim, policy if policy is not None else make_policy(name), seed=0)
     return {"workload": spec.name, "group": group, "policy": name, "period": period,
-            "optimum_ratio": float(model.sum() / max(optimum.sum(), 1e-12)),
-            "phase_ratios": [float(model[a:b].sum() / max(optimum[a:b].sum(), 1e-12)) for a, b in bounds],
-            "convergence_ticks": convergence_ticks(model, optimum, phases), "ooms": int(result.oom_count)}
+            "optimum_ratio": score.ratio, "phase_ratios": score.phase_ratios,
+            "convergence_ticks": score.convergence, "ooms": int(score.ooms)}
 
 
 def summary_lines(rows: list[dict], periods: tuple[int, ...]) -> list[str]:
@@ -166,9 +158,7 @@ def main() -> None:
     periods = (60,) if args.quick else (60, 150)
     n_held, n_waiting = (8, 0) if args.quick else (40, 10)
     specs = [(load_workload(w), "shipped") for w in list_workloads() if w != "ladder"]
-    for seed in HELD_OUT_SEEDS:
-        rng = np.random.default_rng(seed)
-        specs += [(random_workload(rng, name=f"held-out-{seed}-{i}"), "held-out") for i in range(n_held)]
+    specs += [(s, "held-out") for s in held_out_specs(n_held)]
     specs += [(s, "waiting") for seed in HELD_OUT_SEEDS for s in waiting_specs(seed, n_waiting)]
     tasks = [(spec, group, name, period) for period in periods for spec, group in specs for name in POLICIES]
     start = time.time()

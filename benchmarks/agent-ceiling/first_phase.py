@@ -8,60 +8,60 @@ whether the mask let it take +5; where it did not, whether the CPUs or the memor
 from __future__ import annotations
 
 import collections
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from intune.agent.imitation import DaggerPolicy
-from intune.policies import make
-from intune.sim import Simulator, paper_schedule, random_workload
+from intune.sim import Simulator, paper_schedule
 from intune.sim.episode import run_episode
 
-HELD_OUT_SEEDS = (20231117, 777)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ceiling  # noqa: E402  (this directory's policies and specs)
+
 TICKS = 15
+
+
+def count_tick(teacher, obs, counts: collections.Counter, prices: list[float]) -> None:
+    """After the teacher's move on this tick: each worker knob 5 or more below the target, and why +5
+    was allowed or refused by the mask."""
+    safety, mask = teacher.student.safety, teacher.student.last_mask
+    values = [k.value for k in safety.knobs]
+    plus5 = int(np.flatnonzero(safety.deltas == 5)[0])
+    for k, knob in enumerate(safety.knobs):
+        if knob.unit != "cpu" or teacher.teacher._target.get(knob.name, values[k]) - values[k] < 5:
+            continue
+        counts["knob-ticks at least 5 workers below the target"] += 1
+        if mask[k, plus5]:
+            counts["+5 allowed"] += 1
+            continue
+        price = float(safety.stage_worker_bytes(obs, True)[k])
+        if obs.free_cpus < 5:
+            counts["+5 refused, fewer than 5 CPUs free"] += 1
+        elif 5 * price > safety.worker_budget(obs, values):
+            counts["+5 refused, 5 workers at the stage's price past the memory room"] += 1
+            prices.append(price / 2**20)
+        else:
+            counts["+5 refused, other"] += 1
 
 
 def main() -> None:
     counts: collections.Counter[str] = collections.Counter()
     prices: list[float] = []
-    for seed in HELD_OUT_SEEDS:
-        rng = np.random.default_rng(seed)
-        for i in range(40):
-            spec = random_workload(rng, name=f"held-out-{seed}-{i}")
-            student = make("intune")
-            student.config.teacher_objective = "reachable"
-            teacher = DaggerPolicy(student, teacher_share=1.0, rng=np.random.default_rng(0), random_start=0.0)
-            act = teacher.step
-            tick = [0]
+    specs = ceiling.held_out_specs()
+    for spec in specs:
+        teacher = ceiling.make_policy("teacher-reachable")
+        act = teacher.step
 
-            def step(obs, act=act, teacher=teacher, student=student, tick=tick):
-                out = act(obs)
-                tick[0] += 1
-                if tick[0] > TICKS:
-                    return out
-                safety, mask = student.safety, student.last_mask
-                values = [k.value for k in safety.knobs]
-                plus5 = int(np.flatnonzero(safety.deltas == 5)[0])
-                for k, knob in enumerate(safety.knobs):
-                    if knob.unit != "cpu" or teacher.teacher._target.get(knob.name, values[k]) - values[k] < 5:
-                        continue
-                    counts["knob-ticks at least 5 workers below the target"] += 1
-                    if mask[k, plus5]:
-                        counts["+5 allowed"] += 1
-                        continue
-                    price = float(safety.stage_worker_bytes(obs, True)[k])
-                    if obs.free_cpus < 5:
-                        counts["+5 refused, fewer than 5 CPUs free"] += 1
-                    elif 5 * price > safety.worker_budget(obs, values):
-                        counts["+5 refused, 5 workers at the stage's price past the memory room"] += 1
-                        prices.append(price / 2**20)
-                    else:
-                        counts["+5 refused, other"] += 1
-                return out
+        def step(obs, teacher=teacher, act=act):
+            out = act(obs)
+            count_tick(teacher, obs, counts, prices)
+            return out
 
-            teacher.step = step
-            run_episode(Simulator(spec, cpus=paper_schedule(period_ticks=60), seed=0), teacher, TICKS + 1, seed=0)
+        teacher.step = step
+        run_episode(Simulator(spec, cpus=paper_schedule(period_ticks=60), seed=0), teacher, TICKS, seed=0)
     print(f"The reachable teacher through the mask, first {TICKS} ticks of the first phase, "
-          f"{40 * len(HELD_OUT_SEEDS)} held-out specs (seeds {', '.join(map(str, HELD_OUT_SEEDS))}):")
+          f"{len(specs)} held-out specs (seeds {', '.join(map(str, ceiling.HELD_OUT_SEEDS))}):")
     for name, n in counts.items():
         print(f"  {name}: {n}")
     if prices:

@@ -14,7 +14,7 @@ agent` runs them. The capped price is patched in for this script only; the shipp
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -22,9 +22,10 @@ import numpy as np
 
 from intune.bench.agent import OOM_CHUNK, oom_cases, run_oom_chunk
 from intune.policies.safety import SafetyLayer
-from intune.sim import random_workload
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ceiling  # noqa: E402  (this directory's scoring and specs)
+
 SHIPPED_PRICE = SafetyLayer.stage_worker_bytes
 POLICIES = ("intune", "steer", "teacher-reachable")
 OOM_POLICIES = ("intune", "steer")
@@ -41,17 +42,10 @@ def set_price(capped: bool) -> None:
     SafetyLayer.stage_worker_bytes = capped_price if capped else SHIPPED_PRICE
 
 
-def _ceiling():
-    spec = importlib.util.spec_from_file_location("ceiling", HERE / "ceiling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def held_out(task: tuple) -> tuple[bool, str, dict]:
     spec, name, capped = task
     set_price(capped)
-    return capped, name, _ceiling().run_one((spec, "held-out", name, 60))
+    return capped, name, ceiling.run_one((spec, "held-out", name, 60))
 
 
 def tight(task: tuple) -> tuple[bool, str, tuple[int, int]]:
@@ -64,10 +58,7 @@ def tight(task: tuple) -> tuple[bool, str, tuple[int, int]]:
 
 
 def main() -> None:
-    specs = []
-    for seed in _ceiling().HELD_OUT_SEEDS:
-        rng = np.random.default_rng(seed)
-        specs += [random_workload(rng, name=f"held-out-{seed}-{i}") for i in range(40)]
+    specs = ceiling.held_out_specs()
     cases = oom_cases(OOM_EPISODES, OOM_TICKS)
     chunks = [cases[i : i + OOM_CHUNK] for i in range(0, len(cases), OOM_CHUNK)]
     with Pool(2) as pool:

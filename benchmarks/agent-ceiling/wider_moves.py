@@ -7,44 +7,28 @@ on `intune bench agent`'s 80 held-out specs at 60-tick phases, scored as `ceilin
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 
-from intune.agent.imitation import DaggerPolicy
-from intune.policies import make
-from intune.sim import random_workload
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ceiling  # noqa: E402  (this directory's scoring and specs)
 
-HERE = Path(__file__).resolve().parent
 MOVES = ((-5, -1, 0, 1, 5), (-10, -1, 0, 1, 10), (-20, -1, 0, 1, 20))
-
-
-def _ceiling():
-    spec = importlib.util.spec_from_file_location("ceiling", HERE / "ceiling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(task: tuple) -> tuple[tuple[int, ...], dict]:
     spec, deltas = task
-    ceiling = _ceiling()
-    student = make("intune")
-    student.config.action_deltas = deltas  # five moves, as the network's heads: only their sizes change
-    teacher = DaggerPolicy(student, teacher_share=1.0, rng=np.random.default_rng(0), random_start=0.0)
-    ceiling.make_policy = lambda name: teacher
-    return deltas, ceiling.run_one((spec, "held-out", "teacher", 60))
+    teacher = ceiling.make_policy("teacher")
+    teacher.student.config.action_deltas = deltas  # five moves, as the network's heads: only their sizes change
+    return deltas, ceiling.run_one((spec, "held-out", "teacher", 60), policy=teacher)
 
 
 def main() -> None:
-    specs = []
-    for seed in _ceiling().HELD_OUT_SEEDS:
-        rng = np.random.default_rng(seed)
-        specs += [random_workload(rng, name=f"held-out-{seed}-{i}") for i in range(40)]
     with Pool(2) as pool:
-        done = pool.map(run, [(s, d) for s in specs for d in MOVES], chunksize=2)
+        done = pool.map(run, [(s, d) for s in ceiling.held_out_specs() for d in MOVES], chunksize=2)
     print("The reward's teacher through the agent's mask, 80 held-out specs, 60-tick phases:")
     for deltas in MOVES:
         rows = [r for d, r in done if d == deltas]

@@ -24,6 +24,7 @@ class EpisodeScore:
     ratio: float  # mean model throughput / mean optimum over the episode
     ooms: int
     convergence: list[int | None]  # ticks to 95% of the optimum from the start and each resize
+    phase_ratios: list[float]  # the ratio within each phase: the first from the start allocation, the rest after a resize
     mean_reward: float
     ticks: int
 
@@ -57,12 +58,15 @@ def score_episode(sim, policy, ticks: int | None = None, seed: int | None = None
     result = run_episode(sim, policy, n, seed=seed, on_tick=on_tick)
     phases = [(s, e, c) for s, e, c in sim.schedule.phases() if s < n]
     conv = convergence_ticks(result.model_throughput, optimum, phases)
+    bounds = [(max(start - 1, 0), min(end - 1, n)) for start, end, _ in phases]  # arrays are indexed by tick - 1
+    model = result.model_throughput
     return EpisodeScore(
         workload=result.workload,
         policy=result.policy,
-        ratio=float(result.model_throughput.sum() / max(optimum.sum(), 1e-12)),
+        ratio=float(model.sum() / max(optimum.sum(), 1e-12)),
         ooms=result.oom_count,
         convergence=conv,
+        phase_ratios=[float(model[a:b].sum() / max(optimum[a:b].sum(), 1e-12)) for a, b in bounds],
         mean_reward=float(rewards.mean()),
         ticks=n,
     )
