@@ -67,6 +67,22 @@ def test_clamp_grants_a_light_knob_one_worker_past_the_cpus():
     assert clamp_request(knobs, {"read.workers": 3}, cpus=3, memory_free_bytes=0, light=light).applied == {}
 
 
+def test_the_light_worker_is_granted_jointly_whatever_the_knobs_order():
+    # one CPU free and two co-bottleneck stages asking +1 each, the reader light: both are granted (the
+    # reader's worker past the CPUs, the UDF's within them), whichever knob comes first
+    for order in (("read.workers", "udf.workers"), ("udf.workers", "read.workers")):
+        knobs, _ = _knobs(**{name: ("cpu", 1, 16, 1) for name in order})
+        r = clamp_request(knobs, {"read.workers": 2, "udf.workers": 2}, cpus=3, memory_free_bytes=0,
+                          light=["read.workers"])
+        assert r.applied == {"read.workers": 2, "udf.workers": 2}, order
+    # the light worker is one in all, and only a light knob's increase opens it
+    knobs, _ = _knobs(**{"read.workers": ("cpu", 1, 16, 1), "udf.workers": ("cpu", 1, 16, 1)})
+    r = clamp_request(knobs, {"read.workers": 2, "udf.workers": 3}, cpus=3, memory_free_bytes=0, light=["read.workers"])
+    assert r.applied == {"read.workers": 2, "udf.workers": 2}
+    assert clamp_request(knobs, {"udf.workers": 3}, cpus=3, memory_free_bytes=0, light=["read.workers"]).applied == {
+        "udf.workers": 2}
+
+
 def test_clamp_counts_remote_workers_against_the_cluster_not_this_machine():
     knobs, _ = _knobs(
         **{

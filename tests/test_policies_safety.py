@@ -66,6 +66,25 @@ def test_simultaneous_increases_share_the_free_cpus_by_preference():
     assert moves.tolist() == [0, 1, 0]
 
 
+def test_select_plans_the_light_worker_the_runner_grants():
+    # one free CPU; the reader waits on storage (light), the UDF computes; both want +1. The runner grants
+    # both (the reader's worker past the CPUs), so the plan holds both, not the one it could fit alone
+    values = {"read.workers": 1, "udf.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS)
+    obs = dataclasses.replace(_obs(values, cpus=3, used_gb=1, limit_gb=100), grants_light_workers=True)
+    reader = dataclasses.replace(obs.stage("read"), cpu_s_per_item=0.001, wall_s_per_item=0.01)
+    obs = dataclasses.replace(obs, stages=(reader, obs.stage("udf")))
+    assert obs.light_stages() == ("read",)
+    mask = safety.mask(obs)
+    scores = np.full((2, 5), -10.0)
+    scores[:, 2] = 0.0
+    scores[:, 3] = [1.0, 2.0]
+    assert safety.moves(safety.select(scores, mask, obs), obs).tolist() == [1, 1]
+    # without a light stage, one worker in all: the UDF's, which is preferred
+    plain = dataclasses.replace(obs, grants_light_workers=False)
+    assert safety.moves(safety.select(scores, safety.mask(plain), plain), plain).tolist() == [0, 1]
+
+
 def test_a_worker_moves_from_a_stage_with_slack_to_the_bottleneck_in_one_tick():
     values = {"a.workers": 6, "b.workers": 2}
     knobs = _knobs(values)

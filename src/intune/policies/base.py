@@ -114,18 +114,31 @@ def _grant_cpus(
     cpus: float,
     light: Collection[str],
 ) -> None:
-    """Cut the increases in ``target`` among ``names`` to ``cpus`` in all (decreases first, then
-    increases in order while the budget lasts; one worker past it for a knob in ``light``)."""
+    """Cut the increases in ``target`` among ``names`` to ``cpus`` in all: decreases first, then
+    increases in order while the budget lasts, with one worker past it for the knobs in ``light``.
+
+    The light worker is granted jointly, whatever the order of the request: a light knob's increase
+    draws on it before the CPUs, so ``{light: +1, heavy: +1}`` with one CPU free grants both, as
+    ``{heavy: +1, light: +1}`` does (``light_worker_room`` is the same rule for planners)."""
     cpu_cap = max(int(cpus), sum(knobs[n].min for n in names))
     total = sum(min(target.get(n, current[n]), current[n]) for n in names)
-    extra = 1  # the one worker past the cap a light knob may get
+    extra = light_worker_room(light, cpu_cap - total)
     for name in names:
         if name in target and target[name] > current[name]:
-            grant = min(target[name] - current[name], max(0, cpu_cap - total))
-            if extra and name in light and grant < target[name] - current[name] and total + grant <= cpu_cap:
-                grant, extra = grant + 1, 0
+            want = target[name] - current[name]
+            past = min(want, extra) if name in light else 0
+            extra -= past
+            grant = past + min(want - past, max(0, cpu_cap - total))
             target[name] = current[name] + grant
-            total += grant
+            total += grant - past
+
+
+def light_worker_room(light: Collection[object], free_cpus: float) -> int:
+    """Workers that may go past the CPUs, in all, to stages whose workers mostly wait
+    (``Observation.light_stages``): one where there is such a stage and the workers do not already
+    exceed the CPUs (``free_cpus`` >= 0 after the decreases). One rule for the runner's clamp and for
+    every policy that plans under it (``SafetyLayer.select``)."""
+    return 1 if light and free_cpus >= 0 else 0
 
 
 def cpu_budget(obs: Observation) -> float:

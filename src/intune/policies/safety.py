@@ -36,7 +36,7 @@ import numpy as np
 
 from intune.knobs import Knob
 from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
-from intune.policies.base import even_split
+from intune.policies.base import even_split, light_worker_room
 from intune.units import MB
 
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
@@ -514,6 +514,8 @@ class SafetyLayer:
         movable = [min(int(v) - lo, self._largest_cut) if cpu else 0
                    for v, lo, cpu in zip(values, self._lo_list, is_cpu, strict=True)]
         total_movable = sum(movable)
+        light_knobs = {int(self._cpu[row]) for row in self._light_rows(obs)}
+        light_room = light_worker_room(light_knobs, obs.free_cpus)
 
         allowed: list[list[bool]] = []
         adds: list[tuple[int, int, int]] = []  # (knob, action, step): workers added within the bounds and CPUs
@@ -524,7 +526,7 @@ class SafetyLayer:
                 ok = a == zero or lo <= v + step <= hi
                 if ok and step > 0:
                     if cpu:
-                        ok = step <= free_cpus + total_movable - movable[k]
+                        ok = step <= free_cpus + total_movable - movable[k] + (light_room if k in light_knobs else 0)
                         if ok:
                             adds.append((k, a, step))
                     else:
@@ -619,8 +621,8 @@ class SafetyLayer:
         choice = masked.argmax(axis=1)
         cpu = self._cpu
         if len(cpu):
-            budget = max(int(np.floor(obs.free_cpus + 1e-9)), 0)
-            choice[cpu] = self._best_under_cpu_budget(masked[cpu], budget)
+            free = int(np.floor(obs.free_cpus + 1e-9))
+            choice[cpu] = self._best_under_cpu_budget(masked[cpu], max(free, 0), self._light_rows(obs), free)
 
         # the memory: few knobs, so plain Python (the sums of costs keep numpy's order, as the limit compares them)
         picks = choice.tolist()
@@ -652,15 +654,38 @@ class SafetyLayer:
                     picks[k] = self.zero
         return np.array(picks, dtype=np.int64)
 
-    def _best_under_cpu_budget(self, scores: np.ndarray, budget: int) -> np.ndarray:
-        """argmax of sum_k scores[k, a_k] subject to sum_k deltas[a_k] <= budget (dynamic programme).
+    def _light_rows(self, obs: Observation) -> list[int]:
+        """Rows of the CPU knobs (in ``self._cpu``'s order) whose stage is light this tick."""
+        light = set(obs.light_stages())
+        return [row for row, k in enumerate(self._cpu.tolist()) if self._stages[k] in light]
+
+    def _best_under_cpu_budget(self, scores: np.ndarray, budget: int, light: Sequence[int] = (),
+                               free: int = 0) -> np.ndarray:
+        """argmax of sum_k scores[k, a_k] subject to sum_k deltas[a_k] <= budget, where the rows in
+        ``light`` may add ``light_worker_room`` workers past it between them: the runner's joint grant
+        (``intune.policies.base._grant_cpus``), so that what is planned here is what is applied.
 
         Most ticks each knob's own best action already fits the budget together; that is then the answer
         and the programme is skipped (with both CPUs busy: 0.70 -> 0.44 ms per decision)."""
-        order = self._order
+        extra = light_worker_room(light, free)
         own_best = [max(self._order_list, key=row.__getitem__) for row in scores.tolist()]  # the first of equals, as argmax
-        if sum(self._delta_list[a] for a in own_best) <= budget:
+        total = sum(self._delta_list[a] for a in own_best)
+        if total <= budget or (total <= budget + extra and any(self._delta_list[own_best[r]] > 0 for r in light)):
             return np.array(own_best, dtype=np.int64)
+        best = self._programme(scores, budget)
+        if not extra:
+            return best
+        # one worker past the budget, where a light stage is among the increases that use it
+        wider = self._programme(scores, budget + extra)
+        if any(self._delta_list[int(wider[r])] > 0 for r in light):
+            rows = np.arange(len(scores))
+            if scores[rows, wider].sum() > scores[rows, best].sum():
+                return wider
+        return best
+
+    def _programme(self, scores: np.ndarray, budget: int) -> np.ndarray:
+        """The dynamic programme of ``_best_under_cpu_budget`` at one budget."""
+        order = self._order
         n, reach = len(scores), int(np.abs(self.deltas).max())
         offset = n * reach
         width = 2 * offset + 1
