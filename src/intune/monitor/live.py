@@ -94,6 +94,7 @@ def observe_stage(
         remote_items_per_s=max(0, d_remote) / dt,
         transfer_s_per_item=max(0.0, d_transfer_s) / d_remote if d_remote > 0 else 0.0,
         transfer_bytes_per_item=max(0, d_transfer_bytes) / d_remote if d_remote > 0 else 0.0,
+        worker_bytes=float(cur.worker_bytes),
     )
 
 

@@ -65,6 +65,9 @@ class StageObservation:
     remote_items_per_s: float = 0.0  # of items_per_s, the chunks that remote workers processed
     transfer_s_per_item: float = 0.0  # mean seconds a remote chunk spent in transit (both ways, queueing in the object store included)
     transfer_bytes_per_item: float = 0.0  # mean bytes a remote chunk moved (both ways)
+    # memory one local worker holds, measured (live: ``StageMetrics.worker_bytes``; simulated: the model's
+    # figure with a reading's noise); 0 = not measured. What one more worker would add (``SafetyLayer``)
+    worker_bytes: float = 0.0
 
     @property
     def cpu_share(self) -> float | None:

@@ -33,6 +33,9 @@ class StageMetrics:
     bytes_out: int = 0  # bytes of the chunks this stage has emitted (cumulative)
     stalled_s: float = 0.0  # gauge: seconds the oldest work in hand has gone without progress
     stalled: bool = False  # gauge: stalled_s is past the pipeline's stall_after_s (hung, not starved)
+    # gauge: memory one local worker holds, the mean over the workers (process: its private pages and
+    # shared-memory segments; thread: the chunks in its hands, input and output); 0 = not measured
+    worker_bytes: float = 0.0
     # a map stage's remote workers (``remote_ray``): items, rows and bytes_out above count their output
     # too; cpu_s, busy_s, starved_s, blocked_s and workers are the local workers' only
     remote_workers: int = 0  # gauge: value of "<name>.remote_workers" (0 without a remote pool)

@@ -31,6 +31,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from intune.pipeline import shm
@@ -255,6 +256,25 @@ class ProcessWorker:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def memory_bytes(self) -> int | None:
+        """What this worker holds alone: the child's private pages (``Private_Clean + Private_Dirty`` of
+        ``/proc/<pid>/smaps_rollup``) plus its shared-memory segments; what one more worker like it
+        would add. None while the child is not running or where ``/proc`` cannot tell."""
+        pid = self.pid
+        if pid is None:
+            return None
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            return None
+        private = 0
+        found = 0
+        for line in text.splitlines():
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                private += int(line.split()[1]) * 1024
+                found += 1
+        return private + self.shm_bytes if found == 2 else None
 
     @property
     def in_flight(self) -> int:

@@ -28,6 +28,7 @@ never deadlocks. After an OOM nothing grows until rows flow again (``worker_budg
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +39,8 @@ from intune.knobs import Knob
 from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
 from intune.policies.base import even_split, light_worker_room
 from intune.units import MB
+
+log = logging.getLogger(__name__)
 
 PROBE_WORKER_BYTES = 512 * MB  # the most one added worker is assumed to cost (a process worker: ~100-400 MB)
 # ... a thread worker: it shares the process's memory; its own is its stack and the chunks in its hands
@@ -51,6 +54,9 @@ LEVEL_MIN_POINTS = 6  # ... and the fewest that may
 # recent ticks whose per-stage (workers, memory) levels fit what each stage's worker costs: longer than
 # LEVEL_TICKS, so that a ramp still prices a stage's workers long after the workers stopped moving
 STAGE_LEVEL_TICKS = 128
+# a measured worker's price: its reading (``StageObservation.worker_bytes``) times this, for the reading's
+# noise and for a worker that grows once it holds a larger chunk than those seen
+READING_MARGIN = 1.25
 
 
 class SafetyLayer:
@@ -110,6 +116,7 @@ class SafetyLayer:
         self._change_fit: tuple[list, np.ndarray, np.ndarray, np.ndarray] | None = None
         # from an OOM until rows flow again: the job restarts, and its memory reads as the base alone
         self._restarting = False
+        self._unmeasured: set[str] = set()  # stages already named in the log for lacking a memory reading
 
     # -- projections ---------------------------------------------------------------------------
     def track(self, obs: Observation) -> None:
@@ -311,9 +318,29 @@ class SafetyLayer:
             _, moved, slope, spread = self._change_fit
             error = 2.0 * self._noise(obs) * spread
             price[moved] = np.maximum(pooled, slope + error)
+        reading = self._readings(obs)
+        measured = reading > 0
+        price[measured] = np.minimum(price[measured], reading[measured] * READING_MARGIN)
         out[self._cpu] = price
         out.flags.writeable = False
         self._coarse_bytes = (obs, out)
+        return out
+
+    def _readings(self, obs: Observation) -> np.ndarray:
+        """Per CPU knob, its stage's measured memory of one worker (``StageObservation.worker_bytes``;
+        0 where the stage measures none). A stage whose workers run without a reading is named once in
+        the log: its workers are priced by probing and fitting instead."""
+        by_stage = {s.name: s for s in obs.stages}
+        out = np.zeros(len(self._cpu))
+        for row, k in enumerate(self._cpu.tolist()):
+            stage = by_stage.get(self._stages[k])
+            if stage is None:
+                continue
+            out[row] = stage.worker_bytes
+            if stage.worker_bytes <= 0 and stage.items_per_s > 0 and stage.name not in self._unmeasured:
+                self._unmeasured.add(stage.name)
+                log.info("stage %r reports no measured memory per worker (%s workers): its added workers are "
+                         "priced by probing and by fitting memory over the worker count", stage.name, stage.mode)
         return out
 
     def probe_bytes(self, obs: Observation) -> np.ndarray:

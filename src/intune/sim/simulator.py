@@ -179,6 +179,11 @@ class _IrregularItems:
         return flow, m_time, m_cpu, m_bytes
 
 
+WORKER_READING_NOISE = 0.05
+"""Relative standard deviation of a reading of one worker's memory (live: a child's private pages move
+as it allocates and frees between chunks)."""
+
+
 class Simulator:
     """A simulated pipeline. ``reset()`` then ``step()`` every tick; knobs in ``self.knobs``.
 
@@ -225,6 +230,7 @@ class Simulator:
         self._bytes_per_row = self.params.bytes_per_item / self.params.rows_per_item
         self._rng = np.random.default_rng(seed)
         self._remote_rng = np.random.default_rng([int(seed), 17])
+        self._reading_rng = np.random.default_rng([int(seed), 18])
         n = self.params.n_stages
         self._workers = np.ones(n)
         self._buffer_mb = np.array([s.buffer.default if s.buffer else 0 for s in spec.stages], dtype=float)
@@ -368,6 +374,7 @@ class Simulator:
             self.seed = seed
             self._rng = np.random.default_rng(seed)
             self._remote_rng = np.random.default_rng([int(seed), 17])
+            self._reading_rng = np.random.default_rng([int(seed), 18])
         if self._irregular is not None:
             self._irregular.reset(seed)
         if self.remote_pool is not None:
@@ -551,6 +558,7 @@ class Simulator:
             wall_item[r_i] *= local
             busy[r_i] = min(1.0, (T - taken) / caps[r_i])
             idle = 1.0 - busy
+        readings = self._worker_readings()
         stages = tuple(
             map(
                 StageObservation,
@@ -570,6 +578,11 @@ class Simulator:
                 [False] * n,
                 self._kinds,
                 self._modes,
+                [0] * n,
+                [0.0] * n,
+                [0.0] * n,
+                [0.0] * n,
+                readings,
             )
         )
         if pool is not None:
@@ -591,6 +604,16 @@ class Simulator:
             cpu_slack=cpu_slack(stages),
             remote_cpus=float(pool.cpus) if pool is not None else 0.0,
         )
+
+    def _worker_readings(self) -> list[float]:
+        """What the engine would measure of one worker's memory per stage (``StageObservation.worker_bytes``):
+        the model's figure with a reading's noise (``WORKER_READING_NOISE``, a stream of its own so that
+        the other streams draw what they drew without it); 0 where the engine measures nothing (an
+        inline stage, or no worker)."""
+        noise = 1.0 + WORKER_READING_NOISE * self._reading_rng.standard_normal(self.params.n_stages)
+        return [float(b * max(z, 0.0)) if w > 0 and mode != "inline" else 0.0
+                for b, z, w, mode in zip(self.params.worker_bytes.tolist(), noise.tolist(), self._w_list, self._modes,
+                                         strict=True)]
 
     def _with_remote(
         self, stages: tuple[StageObservation, ...], remote_items: float, compute_s: float | None
