@@ -6,8 +6,10 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import intune
 from intune.knobs import Knob
 from intune.monitor import Monitor
 from intune.monitor.live import observe
@@ -474,3 +476,21 @@ def test_the_cpu_budget_keeps_its_recent_highest_so_a_removed_worker_can_come_ba
     assert budget.apply(obs(2.0, 4.0)).cpu_slack == 4.0  # after the window: what is measured now
     assert budget.apply(obs(1.0, 3.0)).cpu_slack == 3.0  # a CPU change starts afresh
     assert budget.apply(obs(1.0, 2.0)).free_cpus == 1.0 + 3.0  # no workers in this toy observation
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"policy": 42}, TypeError, "policy must be a policy name"),
+        ({"policy": None}, TypeError, "got None"),
+        ({"policy": "none", "tick_s": float("nan")}, ValueError, "tick_s must be a finite"),
+        ({"policy": "none", "tick_s": float("inf")}, ValueError, "tick_s must be a finite"),
+        ({"policy": "none", "tick_s": 0}, ValueError, "tick_s"),
+        ({"policy": "none", "reward_scale": float("nan")}, ValueError, "reward_scale must be a finite"),
+    ],
+)
+def test_bad_tune_arguments_are_refused_at_the_call(kwargs, error, words):
+    # refused when tune() is called, not later in the tuning thread (where the job would run untuned)
+    pipe = intune.Pipeline.from_iterable([{"x": np.arange(10)}])
+    with pipe, pytest.raises(error, match=words):
+        intune.tune(pipe, **kwargs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -56,10 +57,17 @@ class Tuner:
         reward_scale: float | None = None,
         monitor: Monitor | None = None,
     ) -> None:
-        if tick_s <= 0:
-            raise ValueError(f"tick_s must be > 0, got {tick_s}")
-        if reward_scale is not None and reward_scale <= 0:
-            raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
+        if not isinstance(policy, Policy):
+            raise TypeError(
+                f"policy must be a policy name ({', '.join(POLICY_NAMES)}) or an object with name, reset() "
+                f"and step(), got {policy!r}"
+            )
+        if not isinstance(tick_s, (int, float)) or not math.isfinite(tick_s) or tick_s <= 0:
+            raise ValueError(f"tick_s must be a finite number of seconds > 0, got {tick_s!r}")
+        if reward_scale is not None and (
+            not isinstance(reward_scale, (int, float)) or not math.isfinite(reward_scale) or reward_scale <= 0
+        ):
+            raise ValueError(f"reward_scale must be a finite number > 0, got {reward_scale!r}")
         self.pipeline = pipe
         self.policy = policy
         self.tick_s = float(tick_s)
