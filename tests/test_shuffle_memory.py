@@ -148,3 +148,14 @@ def test_a_buffer_over_the_ceiling_names_where_the_ceiling_comes_from(monkeypatc
     given = intune.Pipeline.from_iterable([{"x": np.arange(4)}], max_mb=64)
     with pytest.raises(ValueError, match=r"buffer_mb = 100 .* \[1, 64\]: the buffers' ceiling of 64 MB is the pipeline's max_mb"):
         given.shuffle(buffer_mb=100)
+
+
+def test_bench_engine_reports_the_cgroup_figures_as_skipped_where_no_cgroup_can_be_made(monkeypatch):
+    from intune.bench import engine
+
+    monkeypatch.setattr(cgroup_memory, "unavailable", lambda: "cgroup v2 only, not delegated")
+    results = [engine.measure_cut(True), *engine.measure_drain(True)]
+    rows = engine.table_rows(results)
+    assert [r["meets target"] for r in rows] == ["skipped"] * 3
+    assert all(r["value"] is None and r["detail"] == "skipped: no child memory cgroup (cgroup v2 only, not delegated)" for r in rows)
+    assert "| skipped" in engine.markdown_report(results, quick=True, command="intune bench engine --only cut drain")

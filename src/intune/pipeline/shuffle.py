@@ -238,13 +238,16 @@ class ShuffleBuffer:
     def _release_past(self, rows: int) -> None:
         """Give the pages of every row from ``rows`` on back to the system (they read as zeros after):
         the memory cgroup's usage falls by them at once."""
+        if _DONTNEED is None:
+            return
         for n, pages in self._maps.items():
             column = self._buf[n]
             start = -(-rows * (column.nbytes // max(len(column), 1)) // mmap.PAGESIZE) * mmap.PAGESIZE
             if start < len(pages):
-                pages.madvise(mmap.MADV_DONTNEED, start, len(pages) - start)
+                pages.madvise(_DONTNEED, start, len(pages) - start)
 
 
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 # Linux's MADV_WIPEONFORK (4.14+), which Python's mmap module may not name; its value where the
 # architecture takes the generic one
 _WIPEONFORK = getattr(mmap, "MADV_WIPEONFORK", None) or (
