@@ -22,7 +22,7 @@ def test_shuffle_buffer_fills_then_swaps_one_row_out_per_row_in():
     # 100, 200 held; the third chunk fills 50 slots and swaps 50 rows out; then 100 out per 100 in
     assert [sum(len(o["id"]) for o in out) for out in outs] == [0, 0, 50] + [100] * 7
     assert buf.size == 250
-    rest = buf.drain(chunk_rows=64)
+    rest = list(buf.drain(chunk_rows=64))
     assert [len(o["id"]) for o in rest] == [64, 64, 64, 58]
     rows = [o for out in outs for o in out] + rest
     assert_exactly_once(np.concatenate([o["id"] for o in rows]), range(1000))

@@ -8,7 +8,14 @@
 4. resize latency: seconds from raising a process pool 1 -> 2 (a parked worker exists) to the parked
    worker's first output at the consumer;
 5. memory: relative gap between the engine's buffered-bytes figure and the measured growth of the
-   process tree's memory (PSS, children included, shared memory counted once) with large buffers.
+   process tree's memory (PSS, children included, shared memory counted once) with large buffers;
+6. buffer cut: ``shuffle.buffer_mb`` cut 256 -> 10 MB mid-epoch, the fall of the memory cgroup's usage
+   over the bytes the buffer let go (``cgroup_memory.buffer_cut``);
+7. drain peak: the memory cgroup's peak from the end of input to the drain's last row, over the
+   buffer's bytes: the ``ShuffleBuffer`` alone, and through a ``Pipeline`` (``cgroup_memory.drain_peak``).
+
+6 and 7 run in a child process inside a child memory cgroup of their own; where none can be made they
+are reported as skipped, with the reason. ``--only cut drain`` runs just these two (about a minute).
 
 Ratios are measured side by side in one run. Each result keeps the per-repeat figures it was taken
 from (``runs``), so that ``--md`` can show their spread beside the best. This module must not change
@@ -40,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--only",
         nargs="*",
         default=None,
-        help="run only these measurements: overhead speedup transport resize memory",
+        help="run only these measurements: overhead speedup transport resize memory cut drain",
     )
     parser.add_argument(
         "--md", metavar="PATH", help="write the table as Markdown, with command, date and machine"
@@ -53,12 +60,10 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for name, fn in MEASUREMENTS.items():
         if name in wanted:
-            result = fn(quick)
-            results.append(result)
-            print(
-                f"{result['name']}: {result['value']:.3g} {result['unit']} (target {result['target']})",
-                flush=True,
-            )
+            for result in _as_list(fn(quick)):
+                results.append(result)
+                value = "skipped" if result["value"] is None else f"{result['value']:.3g}"
+                print(f"{result['name']}: {value} {result['unit']} (target {result['target']})", flush=True)
     print(format_table(table_rows(results), TABLE_COLUMNS))
     if getattr(args, "json", None):
         write_json(args.json, results, quick=quick)
@@ -71,12 +76,18 @@ def run(args: argparse.Namespace) -> int:
 TABLE_COLUMNS = ["name", "value", "unit", "target", "meets target", "repeats", "detail"]
 
 
+def _as_list(measured: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return measured if isinstance(measured, list) else [measured]
+
+
 def table_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per measurement: its value against its target, and the spread of its repeats."""
     return [
         {
             **r,
-            "meets target": (r["value"] >= r["target"])
+            "meets target": "skipped"
+            if r["value"] is None
+            else (r["value"] >= r["target"])
             if r["higher_is_better"]
             else (r["value"] <= r["target"]),
             "repeats": md_report.spread(r.get("runs") or ()),
@@ -91,19 +102,22 @@ def markdown_report(results: Sequence[dict[str, Any]], quick: bool, command: str
         md_report.load_line(),
         "Quick run (smaller data, fewer repeats)." if quick else "Full run.",
         "Value: what the target is checked on (overhead, speed-up and transport: each side at its best",
-        "repeat; resize: the slowest raise). Repeats: the same figure for each repeat, median (min–max).",
+        "repeat; resize: the slowest raise; buffer cut: the least freed; drain: the highest peak).",
+        "Repeats: the same figure for each repeat, median (min–max). Buffer cut and drain are read from",
+        "a child memory cgroup's own files (memory.usage_in_bytes, memory.max_usage_in_bytes).",
     ]
     table = md_report.section("Measurements", rows=table_rows(results), columns=TABLE_COLUMNS)
     return md_report.render(command, machine_info(), context, [table])
 
 
 def result(
-    name: str, value: float, unit: str, target: float, higher: bool, detail: str, runs: Sequence[float] = ()
+    name: str, value: float | None, unit: str, target: float, higher: bool, detail: str, runs: Sequence[float] = ()
 ) -> dict[str, Any]:
-    """One measurement; ``runs`` holds the per-repeat figures ``value`` was taken from."""
+    """One measurement; ``runs`` holds the per-repeat figures ``value`` was taken from; ``value`` None:
+    skipped (``detail`` says why)."""
     return {
         "name": name,
-        "value": float(value),
+        "value": None if value is None else float(value),
         "unit": unit,
         "target": target,
         "higher_is_better": higher,
@@ -351,10 +365,74 @@ def measure_memory(quick: bool) -> dict[str, Any]:
     )
 
 
-MEASUREMENTS: dict[str, Callable[[bool], dict[str, Any]]] = {
+# ---- 6, 7. memory as the cgroup sees it -----------------------------------------------------------------
+CUT_NAME = "buffer cut 256 -> 10 MB: cgroup usage fall / bytes cut"
+DRAIN_NAMES = {
+    "buffer": "drain peak / buffer (ShuffleBuffer alone, 200 MB)",
+    "pipeline": "drain peak / buffer (through a Pipeline, 200 MB)",
+}
+
+
+def _cgroup_runs(workload: str, repeats: int, **params: Any) -> list[dict[str, Any]]:
+    from intune.bench import cgroup_memory
+
+    runs = []
+    for _ in range(repeats):
+        measured = cgroup_memory.run(workload, limit_mb=1024, **params)
+        if "error" in measured:
+            raise RuntimeError(f"bench engine: the {workload} workload failed in its cgroup: {measured['error']}")
+        runs.append(measured)
+    return runs
+
+
+def measure_cut(quick: bool) -> dict[str, Any]:
+    from intune.bench import cgroup_memory
+
+    reason = cgroup_memory.unavailable()
+    if reason:
+        return result(CUT_NAME, None, "ratio", 0.8, True, f"skipped: no child memory cgroup ({reason})")
+    runs = _cgroup_runs("buffer_cut", 1 if quick else 3, from_mb=256, to_mb=10)
+    fractions = [r["freed_fraction"] for r in runs]
+    worst = runs[fractions.index(min(fractions))]
+    mb = lambda v: f"{v / 2**20:.0f}"  # noqa: E731
+    detail = (
+        f"usage {mb(worst['usage_before'])} -> {mb(worst['usage_after'])} MB for a buffer of "
+        f"{mb(worst['held_before'])} -> {mb(worst['held_after'])} MB (the least freed of {len(runs)})"
+    )
+    return result(CUT_NAME, min(fractions), "ratio", 0.8, True, detail, fractions)
+
+
+def measure_drain(quick: bool) -> list[dict[str, Any]]:
+    from intune.bench import cgroup_memory
+
+    reason = cgroup_memory.unavailable()
+    if reason:
+        return [
+            result(name, None, "ratio", 1.1, False, f"skipped: no child memory cgroup ({reason})")
+            for name in DRAIN_NAMES.values()
+        ]
+    out = []
+    for through, name in DRAIN_NAMES.items():
+        runs = _cgroup_runs("drain_peak", 1 if quick else 3, buffer_mb=200, through=through)
+        ratios = [r["peak_ratio"] for r in runs]
+        worst = runs[ratios.index(max(ratios))]
+        detail = (
+            f"peak {(worst['peak'] - worst['usage_before']) / 2**20:.0f} MB over the usage before the epoch, "
+            f"{(worst['usage_at_drain'] - worst['usage_before']) / 2**20:.0f} MB held when the input ended, "
+            f"buffer {worst['held'] / 2**20:.0f} MB; the drain itself added {worst['drain_rise']:.3f}x the buffer"
+        )
+        if through == "pipeline":
+            detail += " (with a resume anchor, a copy of the buffer's row ids: 8 B a row of 136)"
+        out.append(result(name, max(ratios), "ratio", 1.1, False, detail, ratios))
+    return out
+
+
+MEASUREMENTS: dict[str, Callable[[bool], dict[str, Any] | list[dict[str, Any]]]] = {
     "overhead": measure_overhead,
     "speedup": measure_speedup,
     "transport": measure_transport,
     "resize": measure_resize,
     "memory": measure_memory,
+    "cut": measure_cut,
+    "drain": measure_drain,
 }

@@ -12,6 +12,7 @@ return the same pipeline. It must not contain stage algorithms (``stages``, ``sh
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 import threading
 import time
@@ -62,17 +63,33 @@ def default_max_workers() -> int:
     return max(4, 2 * (os.cpu_count() or 1))
 
 
+DEFAULT_BUFFER_MB = 256  # a buffer_mb not given: this, or the ceiling where that is lower
+
+
 def default_max_mb() -> int:
-    """Upper bound of every ``<stage>.buffer_mb`` knob: half the memory this process may use, the
-    cgroup's limit where one is set (a container's limit, not the host's RAM: a buffer sized from the
-    host gets the job OOM-killed before any tuner could react)."""
-    from intune.monitor import memory_usage
+    """Upper bound of every ``<stage>.buffer_mb`` knob; see ``memory_ceiling``."""
+    return memory_ceiling()[0]
+
+
+def memory_ceiling() -> tuple[int, str]:
+    """(MB, why in words) of the default upper bound of every ``<stage>.buffer_mb`` knob: half the
+    memory this process may use, the cgroup's limit where one is set (a container's limit, not the
+    host's RAM: a buffer sized from the host gets the job OOM-killed before any tuner could react)."""
+    from intune.monitor import host_memory, memory_usage
 
     try:
         _, limit = memory_usage()
     except OSError:
         limit = 0
-    return max(16, int(limit // (2 << 20))) if limit > 0 else 4096
+    if limit <= 0:
+        return 4096, "the default where this process's memory limit cannot be read"
+    try:
+        host = host_memory()[1]
+    except OSError:
+        host = 0
+    whose = "the host's memory" if limit == host else "its cgroup's limit"
+    mb = max(16, int(limit // (2 << 20)))
+    return mb, f"half the memory this process may use ({limit >> 20} MB, {whose})"
 
 
 class Pipeline:
@@ -102,7 +119,10 @@ class Pipeline:
         self.max_workers = check_int(
             "max_workers", default_max_workers() if max_workers is None else max_workers, 1
         )
-        self.max_mb = check_int("max_mb", default_max_mb() if max_mb is None else max_mb, 1)
+        if max_mb is None:
+            self.max_mb, self._max_mb_why = memory_ceiling()
+        else:
+            self.max_mb, self._max_mb_why = check_int("max_mb", max_mb, 1), "the pipeline's max_mb"
         self.label = f"p{os.getpid()}x{next(_PIPELINE_IDS)}"
         self._stages: list[Stage] = []
         self._knobs: dict[str, Knob] = {}
@@ -232,12 +252,13 @@ class Pipeline:
         self,
         buffer_rows: int = 200_000,
         seed: int = 0,
-        buffer_mb: int = 256,
+        buffer_mb: int | None = None,
         name: str = "shuffle",
         by: str | None = None,
         min_buffer_mb: int = 1,
     ) -> Pipeline:
-        """Buffered shuffle of up to ``buffer_rows`` rows and ``buffer_mb`` MB (the knob).
+        """Buffered shuffle of up to ``buffer_rows`` rows and ``buffer_mb`` MB (the knob; default 256, or
+        the pipeline's ``max_mb`` where that is lower: half the memory limit of a small container).
 
         ``min_buffer_mb`` is the knob's floor: a tuner short of memory may cut the window down to it,
         not below (a smaller window mixes rows less; set it to the window your training needs).
@@ -247,7 +268,7 @@ class Pipeline:
         """
         buffer_rows = check_int("buffer_rows", buffer_rows, 1)
         seed = check_int("seed", seed, 0)
-        buffer_mb = check_int("buffer_mb", buffer_mb, 1, self.max_mb)
+        buffer_mb = self._buffer_mb(buffer_mb)
         min_buffer_mb = check_int("min_buffer_mb", min_buffer_mb, 1, buffer_mb)
         factory = None
         if by is not None:
@@ -356,11 +377,24 @@ class Pipeline:
         n = check_int("batch size n", n, 1)
         return self._add(BatchStage(name, n, bool(drop_last)))
 
-    def prefetch(self, depth: int = 2, buffer_mb: int = 256, name: str = "prefetch") -> Pipeline:
-        """Keep up to ``depth`` ready items (and ``buffer_mb`` MB, the knob) ahead of the consumer."""
+    def prefetch(self, depth: int = 2, buffer_mb: int | None = None, name: str = "prefetch") -> Pipeline:
+        """Keep up to ``depth`` ready items (and ``buffer_mb`` MB, the knob; default as ``shuffle``'s)
+        ahead of the consumer."""
         depth = check_int("prefetch depth", depth, 1)
-        buffer_mb = check_int("buffer_mb", buffer_mb, 1, self.max_mb)
-        return self._add(PrefetchStage(name, depth, buffer_mb, self.max_mb))
+        return self._add(PrefetchStage(name, depth, self._buffer_mb(buffer_mb), self.max_mb))
+
+    def _buffer_mb(self, buffer_mb: int | None) -> int:
+        """A stage's ``buffer_mb``: ``DEFAULT_BUFFER_MB`` or the ceiling where lower when not given;
+        one asked above the ceiling raises ``ValueError`` naming both and where the ceiling comes from."""
+        if buffer_mb is None:
+            return min(DEFAULT_BUFFER_MB, self.max_mb)
+        if isinstance(buffer_mb, numbers.Integral) and not isinstance(buffer_mb, bool) and buffer_mb > self.max_mb:
+            raise ValueError(
+                f"buffer_mb = {buffer_mb} is out of range, valid range is [1, {self.max_mb}]: the buffers' "
+                f"ceiling of {self.max_mb} MB is {self._max_mb_why}; ask for at most {self.max_mb}, or "
+                "set the ceiling with max_mb=... where the pipeline is made"
+            )
+        return check_int("buffer_mb", buffer_mb, 1, self.max_mb)
 
     def _fresh_name(self, base: str) -> str:
         """``base``, or ``base<i>`` (``i`` the stage's position) when a stage already has that name."""

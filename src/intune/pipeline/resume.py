@@ -307,7 +307,7 @@ def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, wh
             elif kind == RESIZE:
                 step_out(buf.resize(a, max_out=b))
             elif kind == DRAIN:
-                step_out(buf.drain(a))
+                step_out(list(buf.drain(a)))
             else:
                 raise CheckpointError(f"{where}: unknown shuffle log event {kind}")
             continue

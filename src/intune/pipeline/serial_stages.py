@@ -9,7 +9,7 @@ resume's plan (``resume``). The algorithms themselves are in ``shuffle`` and ``b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -137,8 +137,8 @@ class ShuffleStage(Stage):
         def live(position: int) -> bool:
             return position >= logged_until and not log.pending
 
-        def apply_pending(position: int) -> list[dict]:
-            released: list[dict] = []
+        def apply_pending(position: int) -> Iterator[dict]:
+            """The logged steps due at ``position``, applied in order as the rows they let out are taken."""
             for _, kind, a, b in log.take_pending(position):
                 if kind == INIT:
                     new_buffer(a, logged=True)
@@ -147,11 +147,10 @@ class ShuffleStage(Stage):
                 if buf is None:
                     raise PipelineError(f"stage {self.name!r}: the resumed log resizes a buffer that does not exist")
                 if kind == RESIZE:
-                    released += buf.resize(a, max_out=b)
+                    yield from buf.resize(a, max_out=b)
                 else:
-                    released += buf.drain(a)
                     state["drained"] = True
-            return released
+                    yield from buf.drain(a)
 
         def finish_refill() -> list[dict]:
             """The rows a resume read again: the buffer in its slots, and the straddle let out first."""
@@ -236,16 +235,20 @@ class ShuffleStage(Stage):
                 return []
             return emit(resize(buf, self.capacity(state["row_bytes"])))
 
-        def on_end() -> list[Item]:
+        def on_end() -> Iterator[Item]:
+            """The end of input, one item at a time: each chunk of the drain is built only once the one
+            before it is handed over, so the buffer gives its rows back as they leave (``drain``)."""
             released = [] if state["refilled"] else finish_refill()
+            yield from emit(released)
             if log.pending:
-                released += apply_pending(log.position)
+                for chunk in apply_pending(log.position):
+                    yield from emit([chunk])
             buf = state["buffer"]
             if buf is not None and not state["drained"]:
                 log.event(DRAIN, state["chunk_rows"])
                 state["drained"] = True
-                released += buf.drain(state["chunk_rows"])
-            return emit(released)
+                for chunk in buf.drain(state["chunk_rows"]):
+                    yield from emit([chunk])
 
         stats = self.stats.worker(0)
         epoch.spawn(lambda: sequential_loop(stats, inp, out, on_item, on_end, on_idle), self.name)

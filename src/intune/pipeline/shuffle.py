@@ -10,6 +10,9 @@ It must not know about threads, knobs or bytes (the stage turns its MB knob into
 from __future__ import annotations
 
 import mmap
+import platform
+import sys
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -130,23 +133,64 @@ class ShuffleBuffer:
         self._release_past(keep)
         return [out]
 
-    def drain(self, chunk_rows: int) -> list[Chunk]:
-        """The end of input: everything held, in a random permutation, ``chunk_rows`` at a time."""
+    def drain(self, chunk_rows: int) -> Iterator[Chunk]:
+        """The end of input: everything held, in a random permutation, ``chunk_rows`` at a time.
+
+        The permutation is drawn now; the chunks are built one at a time as the caller takes them, and
+        each one's rows go back to the system before the next is built: the rows still to leave that
+        sit past the new end move into the slots the chunk emptied, and the pages past the end are
+        released (as in ``resize``). So the buffer and what it has let out hold at most the buffer
+        plus one chunk, and the permutation (4 bytes a row), where building every chunk first held a
+        second copy of the buffer (a 148 MB buffer peaked at 321 MB in its cgroup). Rows and their
+        order are those of slicing the permutation: only where they sit while they wait changes.
+        """
         if self.size == 0:
-            return []
-        order = self._rng.permutation(self.size)
-        out = []
-        for start in range(0, self.size, max(1, chunk_rows)):
-            idx = order[start : start + chunk_rows]
-            out.append({n: c[idx] for n, c in self._buf.items()})
+            self._buf, self._maps = {}, {}
+            return iter(())
+        # int32 where it fits: the same permutation (one shuffle of 0..size-1), half the bytes
+        order = np.arange(self.size, dtype=np.int32 if self.size < 2**31 else np.int64)
+        self._rng.shuffle(order)
+        return self._drain(order, max(1, chunk_rows))
+
+    def _drain(self, order: np.ndarray, step: int) -> Iterator[Chunk]:
+        """``order[i]`` is the slot the i-th row to leave sits in now; a row that moves has its entry
+        changed, found through ``where``: the position in ``order`` of each row in the slots that the
+        next block of chunks will empty (a sixteenth of what is held), from one scan per block, so that
+        no second array of the buffer's length is needed."""
+        start = 0
+        while start < len(order):
+            held = self.size
+            block = min(held, -(-max(step, held // _DRAIN_BLOCKS) // step) * step)
+            base = held - block  # the slots this block empties: [base, held)
+            where = np.empty(block, dtype=order.dtype)
+            for lo in range(start, len(order), _SCAN):
+                part = order[lo : lo + _SCAN]
+                hit = np.flatnonzero(part >= base)
+                where[part[hit] - base] = lo + hit
+            for first in range(start, start + block, step):
+                slots = order[first : first + step].copy()
+                out = {n: c[slots] for n, c in self._buf.items()}
+                keep = self.size - len(slots)
+                holes = slots[slots < keep]
+                staying = np.ones(self.size - keep, dtype=bool)
+                staying[slots[slots >= keep] - keep] = False
+                movers = keep + np.flatnonzero(staying)
+                for c in self._buf.values():
+                    c[holes] = c[movers]
+                positions = where[movers - base]
+                order[positions] = holes
+                inside = holes >= base  # moved into a slot this block empties later
+                where[holes[inside] - base] = positions[inside]
+                self.size = keep
+                self._release_past(keep)
+                yield out
+            start += block
         self._buf, self._maps = {}, {}
-        self.size = 0
-        return out
 
     def column_copy(self, name: str) -> np.ndarray:
         """A copy of the rows one column holds, in slot order (a resume's record of the buffer's ids)."""
         column = self._buf.get(name)
-        return column[: self.size].copy() if column is not None and self.size else np.empty(0, np.int64)
+        return copy_rows(column[: self.size]) if column is not None and self.size else np.empty(0, np.int64)
 
     def restore(self, rows: Chunk) -> None:
         """Hold ``rows`` in slots ``0..n-1`` (a resume rebuilding a buffer whose slot order a replay
@@ -181,24 +225,67 @@ class ShuffleBuffer:
             self._buf[n] = grown
 
     def _new_column(self, name: str, rows: int, like: np.ndarray) -> np.ndarray:
-        """An empty column of ``rows`` rows shaped like ``like``: in an anonymous mapping whose pages can
-        be given back on a shrink (``_release_past``), or plain ``np.empty`` for object columns."""
+        """An empty column of ``rows`` rows shaped like ``like``: in pages of its own (``own_pages``),
+        which a shrink gives back (``_release_past``), or plain ``np.empty`` for object columns."""
         self._maps.pop(name, None)
         shape = (rows, *like.shape[1:])
-        count = int(np.prod(shape, dtype=np.int64))
-        if like.dtype.hasobject or count == 0:
+        if like.dtype.hasobject or int(np.prod(shape, dtype=np.int64)) == 0:
             return np.empty(shape, dtype=like.dtype)
-        pages = mmap.mmap(-1, count * like.dtype.itemsize)
+        column, pages = own_pages(shape, like.dtype)
         self._maps[name] = pages
-        return np.frombuffer(pages, dtype=like.dtype, count=count).reshape(shape)
+        return column
 
     def _release_past(self, rows: int) -> None:
-        """Give the pages of every row from ``rows`` on back to the system (they read as zeros after)."""
-        advise = getattr(mmap, "MADV_DONTNEED", None)
-        if advise is None:
+        """Give the pages of every row from ``rows`` on back to the system (they read as zeros after):
+        the memory cgroup's usage falls by them at once."""
+        if _DONTNEED is None:
             return
         for n, pages in self._maps.items():
             column = self._buf[n]
             start = -(-rows * (column.nbytes // max(len(column), 1)) // mmap.PAGESIZE) * mmap.PAGESIZE
             if start < len(pages):
-                pages.madvise(advise, start, len(pages) - start)
+                pages.madvise(_DONTNEED, start, len(pages) - start)
+
+
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+# Linux's MADV_WIPEONFORK (4.14+), which Python's mmap module may not name; its value where the
+# architecture takes the generic one
+_WIPEONFORK = getattr(mmap, "MADV_WIPEONFORK", None) or (
+    18 if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64", "arm64", "riscv64") else None
+)
+_OWN_PAGES_FROM = 1 << 20  # copies smaller than this come from the heap
+_DRAIN_BLOCKS = 16  # the drain looks up the rows to move a sixteenth of the buffer at a time ...
+_SCAN = 1 << 16  # ... scanning the permutation this many entries at a time
+
+
+def own_pages(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap]:
+    """An empty array in a private anonymous mapping of its own (zero pages until written).
+
+    Private, because ``MADV_DONTNEED`` frees private anonymous pages at once, where it leaves a shared
+    mapping's pages in the memory cgroup until the whole mapping goes. Wiped in a fork's child
+    (``MADV_WIPEONFORK``): a process worker forked while the buffer exists (``forked``) gets the range
+    empty, instead of sharing its pages copy-on-write, which would copy them page by page as the
+    shuffle rewrites them and keep them alive in the child after the parent gave them back. (Not
+    ``MADV_DONTFORK``: the child then lacks the range, and an inherited array freed there would unmap
+    whatever the child had mapped in its place since.) The mapping goes back to the system when the
+    array goes, as malloc's heap does not always do with large blocks it has handed out.
+    """
+    count = int(np.prod(shape, dtype=np.int64))
+    pages = mmap.mmap(-1, max(1, count * dtype.itemsize), flags=mmap.MAP_PRIVATE)
+    if _WIPEONFORK is not None:
+        try:
+            pages.madvise(_WIPEONFORK)
+        except OSError:  # a kernel before 4.14: a fork shares the pages copy-on-write, like the heap's
+            pass
+    return np.frombuffer(pages, dtype=dtype, count=count).reshape(shape), pages
+
+
+def copy_rows(column: np.ndarray) -> np.ndarray:
+    """A copy of ``column``; a large one in pages of its own (``own_pages``), so that it goes back to
+    the system when dropped (resume anchors keep copies of the buffer's ids for a while, and the heap
+    kept 50 MB of freed ones after a cut from 256 MB, where glibc had raised its mmap threshold)."""
+    if column.nbytes < _OWN_PAGES_FROM or column.dtype.hasobject:
+        return column.copy()
+    out, _ = own_pages(column.shape, column.dtype)
+    out[...] = column
+    return out

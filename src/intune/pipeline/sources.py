@@ -104,19 +104,45 @@ def arrow_column(kind: Any, has_nulls: bool, strings: str) -> Column:
     return Column(pa.array([], type=kind).to_numpy(zero_copy_only=False).dtype)
 
 
-def _nulls_by_column(meta: Any) -> dict[str, bool]:
-    """Whether each top-level column may hold a null, from the row groups' statistics (a column
-    without statistics may)."""
-    out: dict[str, bool] = {}
+def _nulls_by_column(meta: Any, arrow: Any) -> dict[str, bool]:
+    """Whether each top-level column of a file may hold a null, from its row groups' statistics.
+
+    A column chunk without statistics may; a row group of no rows holds none (Spark writes a file of
+    no rows for an empty partition, with no statistics). Leaf columns are matched to their top-level
+    field by position (a field has as many leaves as ``_leaves`` counts, in order), never by splitting
+    their dotted path: a column named ``user.age`` is one field, not a field ``user``.
+    """
+    names = list(arrow.names)
+    owner: list[int] = []
+    for index, name in enumerate(names):
+        owner += [index] * _leaves(arrow.field(name).type)
+    if len(owner) != meta.num_columns:  # a layout this count does not know: every column may
+        return dict.fromkeys(names, True)
+    nulls = dict.fromkeys(names, False)
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
+        if group.num_rows == 0:
+            continue
         for c in range(group.num_columns):
-            chunk = group.column(c)
-            name = chunk.path_in_schema.split(".")[0]
-            stats = chunk.statistics
-            known = stats is not None and stats.has_null_count
-            out[name] = out.get(name, False) or not known or stats.null_count > 0
-    return out
+            stats = group.column(c).statistics
+            if stats is None or not stats.has_null_count or stats.null_count > 0:
+                nulls[names[owner[c]]] = True
+    return nulls
+
+
+def _leaves(kind: Any) -> int:
+    """How many Parquet leaf columns an Arrow type is stored as."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return sum(_leaves(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaves(kind.key_type) + _leaves(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaves(kind.value_type)
+    if isinstance(kind, pa.ExtensionType):
+        return _leaves(kind.storage_type)
+    return 1
 
 
 class ParquetSource(Source):
@@ -172,7 +198,7 @@ class ParquetSource(Source):
     def _file_schema(self, path: str) -> Schema:
         handle = self._open(path)
         arrow = handle.schema_arrow
-        nulls = _nulls_by_column(handle.metadata)
+        nulls = _nulls_by_column(handle.metadata, arrow)
         names = self.columns if self.columns is not None else arrow.names
         missing = [n for n in names if n not in arrow.names]
         if missing:
@@ -183,18 +209,24 @@ class ParquetSource(Source):
         )
 
     def _files_schema(self) -> Schema:
-        """One schema for all files: equal column names, and equal types (or unified under ``widen``)."""
-        first = self._file_schema(self.paths[0])
+        """One schema for all files: equal column names, and equal types (or unified under ``widen``).
+
+        A file of no rows (Spark's empty partition) must have the columns, but its types do not count:
+        it gives no value to hold, and its statistics-free columns would read as nullable. Its types
+        are the schema only where every file is empty."""
+        schemas = [(path, self._file_schema(path)) for path in self.paths]
+        full = [(p, s) for p, s in schemas if self._open(p).metadata.num_rows > 0]
+        reference, first = (full or schemas)[0]
         columns = dict(first.columns)
-        for path in self.paths[1:]:
-            other = self._file_schema(path)
+        for path, other in schemas:
             if other.columns.keys() != columns.keys():
                 missing = [n for n in columns if n not in other.columns]
                 extra = [n for n in other.columns if n not in columns]
                 raise SchemaError(
-                    f"Parquet file {path!r} has other columns than {self.paths[0]!r}: missing {missing}, "
+                    f"Parquet file {path!r} has other columns than {reference!r}: missing {missing}, "
                     f"extra {extra}; pass columns=[...] to read the ones they share"
                 )
+        for path, other in full[1:]:
             for name, col in other.columns.items():
                 if columns[name].same_type(col):
                     continue
@@ -202,11 +234,11 @@ class ParquetSource(Source):
                 if merged is None:
                     how = "no type holds both exactly" if self.widen else "pass widen=True to read both as one type that holds every value exactly"
                     raise SchemaError(
-                        f"Parquet file {path!r} column {name!r} is {col.describe()}, but {self.paths[0]!r} "
+                        f"Parquet file {path!r} column {name!r} is {col.describe()}, but {reference!r} "
                         f"has {columns[name].describe()}; {how}"
                     )
                 columns[name] = merged
-        origin = f"file {self.paths[0]!r}" if len(self.paths) == 1 else f"files {self.paths[0]!r} ... ({len(self.paths)})"
+        origin = f"file {reference!r}" if len(self.paths) == 1 else f"files {reference!r} ... ({len(self.paths)})"
         return Schema(columns, origin)
 
     def units(self) -> int:
@@ -242,8 +274,10 @@ class ParquetSource(Source):
             raise SourceError(f"cannot read Parquet file {path!r} (row group {group}): {exc}") from exc
         if self._slices is not None:
             table, first = table.slice(lo, hi - lo), first + lo
+        if table.num_rows == 0:  # no rows: nothing to check its types against (``_files_schema``)
+            return []
         where = f"Parquet file {path!r} row group {group}"
-        chunk = {name: self._convert(table.column(name), name, where) for name in table.column_names}
+        chunk = {name: self._column(table.column(name), name, where, first) for name in table.column_names}
         # types were checked across files when planning; what is left is the null rule and unify's
         # widening, both stated, so widening is allowed here (and still checked value by value)
         chunk = self.schema.conform(validate_chunk(chunk, where), where, widen_ok=True)
@@ -252,6 +286,23 @@ class ParquetSource(Source):
             return Origin((Segment(self, unit, first + lo, first + hi),))
 
         return split_rows(chunk, origin, self.chunk_rows)
+
+    def _column(self, column: Any, name: str, where: str, first: int) -> np.ndarray:
+        """``_convert``, with a value that cannot be converted (text that is not UTF-8, read as ``str``)
+        raised as ``SourceError`` naming the file, row group, column and row."""
+        import pyarrow as pa
+
+        try:
+            return self._convert(column, name, where)
+        except (UnicodeDecodeError, pa.ArrowException) as exc:
+            bad = _first_non_utf8(column)
+            if bad is None:
+                raise SourceError(f"{where} column {name!r}: cannot convert it to numpy: {exc}") from exc
+            row, reason = bad
+            raise SourceError(
+                f"{where} column {name!r} row {first + row} (of the file): the text is not valid UTF-8 "
+                f"({reason}); read the files with strings='bytes' to get the raw bytes"
+            ) from None
 
     def _convert(self, column: Any, name: str, where: str) -> np.ndarray:
         """One Arrow column as numpy; an integer column read as float converts exactly or fails
@@ -282,6 +333,26 @@ class ParquetSource(Source):
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
         return f"{self.paths[self.file_of(unit)]} {row_range(lo, hi)}"
+
+
+def _first_non_utf8(column: Any) -> tuple[int, str] | None:
+    """The first row of a string column whose bytes are not UTF-8 and why, or ``None`` (an error's
+    path only: one Python value per row)."""
+    import pyarrow as pa
+
+    kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        return None
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode() if isinstance(column, pa.Array) else column.combine_chunks().dictionary_decode()
+    raw = column.cast(pa.large_binary() if pa.types.is_large_string(kind) else pa.binary())
+    for row, value in enumerate(raw.to_pylist()):
+        if value is not None:
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return row, str(exc)
+    return None
 
 
 class IterableSource(Source):

@@ -17,7 +17,7 @@ import dataclasses
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -216,10 +216,15 @@ def sequential_loop(
     inp: Channel,
     out: Channel,
     on_item: Callable[[Item], list[Item]],
-    on_end: Callable[[], list[Item]],
+    on_end: Callable[[], Iterable[Item]],
     on_idle: Callable[[], list[Item]] | None = None,
 ) -> None:
-    """The loop of a one-thread stage, timing starved / busy / blocked."""
+    """The loop of a one-thread stage, timing starved / busy / blocked.
+
+    A list of results is handed over at once (fewer wake-ups); any other iterable (the end of a
+    shuffle: its drain) one item at a time, each handed over before the next is made, so that what
+    it makes is held downstream only as fast as it is taken.
+    """
     clock = time.perf_counter
     t = clock()
     while True:
@@ -228,25 +233,42 @@ def sequential_loop(
         stats.starved_s += t1 - t
         c0 = time.thread_time()
         if got is TIMEOUT:
-            results = on_idle() if on_idle is not None else []
+            results: Iterable[Item] = on_idle() if on_idle is not None else []
         elif got is END:
             results = on_end()
         else:
             results = on_item(got[1])
-        t2 = clock()
-        stats.busy_s += t2 - t1
-        stats.cpu_s += time.thread_time() - c0
-        if results:
-            out.put(results)  # one hand-over for all the items one input gave (fewer wake-ups)
-            stats.items += len(results)
+        if isinstance(results, list):
+            t2 = clock()
+            stats.busy_s += t2 - t1
+            stats.cpu_s += time.thread_time() - c0
+            if results:
+                out.put(results)  # one hand-over for all the items one input gave (fewer wake-ups)
+                _count_out(stats, results)
+            stats.blocked_s += clock() - t2
+        else:
             for r in results:
-                stats.rows += r.rows
-                stats.bytes_out += r.nbytes
-        stats.blocked_s += clock() - t2
+                t2 = clock()
+                stats.busy_s += t2 - t1
+                stats.cpu_s += time.thread_time() - c0
+                out.put([r])
+                _count_out(stats, [r])
+                t1 = clock()
+                stats.blocked_s += t1 - t2
+                c0 = time.thread_time()
+            stats.busy_s += clock() - t1
+            stats.cpu_s += time.thread_time() - c0
         if got is END:
             out.finish()
             return
         t = clock()
+
+
+def _count_out(stats: WorkerStats, items: list[Item]) -> None:
+    stats.items += len(items)
+    for r in items:
+        stats.rows += r.rows
+        stats.bytes_out += r.nbytes
 
 
 class PooledStage(Stage):
