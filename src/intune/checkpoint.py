@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import reprlib
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -62,6 +63,16 @@ class ResumeError(CheckpointError):
     configuration (pipeline, loader, tuner, policy), or a pipeline whose epochs cannot be resumed. The
     message says why. The one resume error of intune (``intune.DataLoader``'s ``ResumeMismatchError`` is
     this class)."""
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 60, 60
+
+
+def brief(value: Any) -> str:
+    """``value`` in a few words for an error message: at most 3 levels deep and a few items of each, so a
+    crafted value of any depth or size costs no recursion and no long line."""
+    return _BRIEF.repr(value)
 
 
 def _intune_version() -> str:

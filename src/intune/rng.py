@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.checkpoint import CheckpointError
+from intune.checkpoint import CheckpointError, brief
 
 _FIELDS = ("bit_generator", "state", "inc", "has_uint32", "uinteger")
 
@@ -44,7 +44,7 @@ def rng_from_state(state: Any, where: str = "generator") -> np.random.Generator:
     if missing:
         raise CheckpointError(f"{where}: the generator's state lacks {missing}")
     if state["bit_generator"] != "PCG64":
-        raise CheckpointError(f"{where}.bit_generator: {state['bit_generator']!r}, expected 'PCG64'")
+        raise CheckpointError(f"{where}.bit_generator: {brief(state['bit_generator'])}, expected 'PCG64'")
     value = _bounded(state["state"], f"{where}.state", 1 << 128)
     inc = _bounded(state["inc"], f"{where}.inc", 1 << 128)
     if not inc & 1:
@@ -61,7 +61,7 @@ def _bounded(value: Any, field: str, limit: int) -> int:
     if isinstance(value, str) and 0 < len(value) <= 40 and value.isascii() and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
-        raise CheckpointError(f"{field}: {str(value)[:60]!r} is not an integer in [0, {limit})")
+        raise CheckpointError(f"{field}: {brief(value)} is not an integer in [0, {limit})")
     return value
 
 

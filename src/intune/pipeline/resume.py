@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.checkpoint import CheckpointError, ResumeError
+from intune.checkpoint import CheckpointError, ResumeError, brief
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
 from intune.rng import rng_from_state, rng_state
 
@@ -307,7 +307,7 @@ _LOG_KEYS = ("units", "items", "rows", "events", "row_bytes")
 def int_field(value: Any, name: str, lo: int = 0, hi: int = MAX_INDEX) -> int:
     """``value`` as an int in ``[lo, hi]``, else ``CheckpointError`` naming the field ``name``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise CheckpointError(f"{name}: {str(value)[:60]!r} is not an integer")
+        raise CheckpointError(f"{name}: {brief(value)} is not an integer")
     if not lo <= int(value) <= hi:
         raise CheckpointError(f"{name}: {int(value)} is out of bounds, valid range is [{lo}, {hi}]")
     return int(value)

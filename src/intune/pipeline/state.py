@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from intune.checkpoint import CheckpointError, ResumeError
+from intune.checkpoint import CheckpointError, ResumeError, brief
 from intune.pipeline.resume import MAX_INDEX, NO_RULE, RECUTS, REORDERS, int_field
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def differences(saved: Any, here: Any, path: str = "", depth: int = 0) -> list[s
         for key in sorted(set(saved) | set(here), key=str):
             sub = f"{path}.{key}" if path else str(key)
             if key not in saved or key not in here:
-                out.append(f"{sub}: {'missing' if key not in saved else _short(saved[key])} in the checkpoint, "
+                out.append(f"{sub}: {'missing' if key not in saved else brief(saved[key])} in the checkpoint, "
                            f"{'missing' if key not in here else repr(here[key])} here")
             else:
                 out.extend(differences(saved[key], here[key], sub, depth + 1))
@@ -110,13 +110,8 @@ def differences(saved: Any, here: Any, path: str = "", depth: int = 0) -> list[s
             out.extend(differences(a, b, f"{path}[{i}]", depth + 1))
         return out
     if isinstance(saved, (Mapping, list)) or saved != here:
-        return [f"{path}: {_short(saved)} in the checkpoint, {here!r} here"]
+        return [f"{path}: {brief(saved)} in the checkpoint, {here!r} here"]
     return []
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def changed_files(saved: Any, here: Mapping[str, Any]) -> list[str]:
@@ -181,5 +176,5 @@ def check_fingerprint(saved: Any, here: Mapping[str, Any], where: str) -> None:
 
 def _describe_stages(prints: Any) -> str:
     if not isinstance(prints, list):
-        return repr(prints)[:80]
+        return brief(prints)
     return " -> ".join(f"{p.get('name')}({p.get('kind')})" if isinstance(p, Mapping) else "?" for p in prints)
