@@ -143,8 +143,8 @@ class ShuffleStage(Stage):
 
         Every step that draws from the generator outside ``add`` (the buffer's creation, a capacity
         change or a shrink's release, the drain) is logged before its rows leave, and every input
-        chunk's read address and rows before it is added. A resumed epoch (``epoch.resume``) first
-        takes the refill rows the read stage sends, rebuilds the buffer in the replay's slot order,
+        chunk's read address and rows before it is added. A resumed epoch (the plan ``load_state_dict``
+        kept) first takes the refill rows the read stage sends, rebuilds the buffer in the replay's slot order,
         lets out the straddle (rows let out but not delivered before the checkpoint), then applies
         the logged steps at their positions up to where the checkpointed run had got (a knob change
         it saw is applied where it applied it), and only then follows the live knob.
