@@ -29,6 +29,8 @@ import hashlib
 import json
 import math
 import os
+import re
+import reprlib
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -44,11 +46,33 @@ _HEADER_LEN = struct.Struct("<Q")
 # Numeric and boolean dtypes only: an object array could hold anything, a string array is not what
 # a state needs (strings go in the tree as JSON).
 _ARRAY_KINDS = frozenset("biufc")
+# How deep a header's JSON may nest (objects and arrays). A state's tree is two JSON levels per level of
+# the state (``{"dict": {...}}``) and no state of intune's nests more than a dozen; the bound is checked
+# before the header is parsed, so a crafted file cannot exhaust the parser's or the decoder's recursion.
+MAX_HEADER_DEPTH = 200
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file cannot be loaded as asked: truncated, corrupted, another format or version,
-    or another kind of state. The message names the file and what is wrong."""
+    """A checkpoint cannot be loaded as asked: a file truncated, corrupted, of another format, version
+    or kind, or a state whose fields are malformed or out of bounds for what loads it. The message names
+    the file or the field and what is wrong."""
+
+
+class ResumeError(CheckpointError):
+    """A state cannot resume this object, or this object cannot give a state that resumes exactly: another
+    configuration (pipeline, loader, tuner, policy), or a pipeline whose epochs cannot be resumed. The
+    message says why. The one resume error of intune (``intune.DataLoader``'s ``ResumeMismatchError`` is
+    this class)."""
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 60, 60
+
+
+def brief(value: Any) -> str:
+    """``value`` in a few words for an error message: at most 3 levels deep and a few items of each, so a
+    crafted value of any depth or size costs no recursion and no long line."""
+    return _BRIEF.repr(value)
 
 
 def _intune_version() -> str:
@@ -210,8 +234,14 @@ def loads_checkpoint(data: bytes, *, kind: str | None = None, name: str = "<byte
     (header_len,) = _HEADER_LEN.unpack_from(view, len(MAGIC))
     if prefix + header_len > len(view):
         raise CheckpointError(f"checkpoint {name}: truncated (header of {header_len} bytes, file of {len(view)})")
+    raw = bytes(view[prefix : prefix + header_len])
+    depth = json_depth(raw)
+    if depth > MAX_HEADER_DEPTH:
+        raise CheckpointError(
+            f"checkpoint {name}: the header nests {depth} levels deep, more than the {MAX_HEADER_DEPTH} a state may"
+        )
     try:
-        header = json.loads(bytes(view[prefix : prefix + header_len]))
+        header = json.loads(raw)
         version = header["format"]
         stored_kind = header["kind"]
         payload_bytes = int(header["payload_bytes"])
@@ -219,6 +249,8 @@ def loads_checkpoint(data: bytes, *, kind: str | None = None, name: str = "<byte
         body = header["body"]
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {name}: corrupted header ({exc})") from None
+    if not isinstance(body, dict):
+        raise CheckpointError(f"checkpoint {name}: corrupted header (body is a {type(body).__name__}, not an object)")
     if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
         raise CheckpointError(
             f"checkpoint {name}: format version {version!r}, this intune ({_intune_version()}) reads up to "
@@ -236,21 +268,63 @@ def loads_checkpoint(data: bytes, *, kind: str | None = None, name: str = "<byte
     if kind is not None and stored_kind != kind:
         raise CheckpointError(f"checkpoint {name}: holds a {stored_kind!r} state, expected {kind!r}")
     arrays = []
-    for i, spec in enumerate(body.get("arrays", [])):
-        try:
-            dtype = np.dtype(spec["dtype"])
-            shape = tuple(int(n) for n in spec["shape"])
-            offset, nbytes = int(spec["offset"]), int(spec["nbytes"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {name}: malformed array {i} ({exc})") from None
-        count = math.prod(shape)
-        if dtype.kind not in _ARRAY_KINDS or count * dtype.itemsize != nbytes or offset + nbytes > payload_bytes:
-            raise CheckpointError(f"checkpoint {name}: malformed array {i} ({spec})")
-        arrays.append(np.frombuffer(payload, dtype=dtype, count=count, offset=offset).reshape(shape).copy())
+    specs = body.get("arrays", [])
+    if not isinstance(specs, list):
+        raise CheckpointError(f"checkpoint {name}: corrupted header (arrays is {type(specs).__name__}, not a list)")
+    for i, spec in enumerate(specs):
+        dtype, shape, offset, nbytes = _array_spec(spec, i, payload_bytes, name)
+        arrays.append(np.frombuffer(payload, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape).copy())
     state = _decode(body.get("tree"), arrays, "state", name)
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {name}: the stored state is not a dict")
     return state
+
+
+def _array_spec(spec: Any, i: int, payload_bytes: int, name: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """Array ``i``'s ``(dtype, shape, offset, nbytes)``, each field checked (a non-negative integer, a
+    numeric dtype, the bytes inside the payload) before anything is allocated; the error names the field."""
+
+    def bad(field: str, why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {name}: array {i}'s {field} {why}")
+
+    if not isinstance(spec, dict):
+        raise bad("descriptor", f"is a {type(spec).__name__}, not an object")
+    for field in ("dtype", "shape", "offset", "nbytes"):
+        if field not in spec:
+            raise bad(field, "is missing")
+    try:
+        dtype = np.dtype(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in _ARRAY_KINDS:
+        raise bad("dtype", f"{spec['dtype']!r} is not a numeric or bool dtype")
+    shape = spec["shape"]
+    if not isinstance(shape, list) or not all(_count(n) for n in shape) or len(shape) > 32:
+        raise bad("shape", f"{str(shape)[:80]} is not a list of at most 32 non-negative integers")
+    offset, nbytes = spec["offset"], spec["nbytes"]
+    if not _count(offset) or offset % _ALIGN:
+        raise bad("offset", f"{offset!r} is not a non-negative multiple of {_ALIGN}")
+    if not _count(nbytes) or offset + nbytes > payload_bytes:
+        raise bad("nbytes", f"{nbytes!r} does not fit the {payload_bytes}-byte payload at offset {offset}")
+    if math.prod(shape) * dtype.itemsize != nbytes:
+        raise bad("shape", f"{shape} of {dtype} is not {nbytes} bytes")
+    return dtype, tuple(shape), offset, nbytes
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep the objects and arrays of JSON text ``raw`` nest, without parsing it (strings, which may
+    hold brackets, are left out first); malformed text gives some number, and the parser refuses it."""
+    skeleton = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    steps = (np.isin(skeleton, (ord("{"), ord("["))).astype(np.int64)
+             - np.isin(skeleton, (ord("}"), ord("]"))).astype(np.int64))  # fmt: skip
+    return int(np.cumsum(steps).max()) if len(steps) else 0
 
 
 def load_checkpoint(path: str | os.PathLike[str], *, kind: str | None = None) -> dict[str, Any]:

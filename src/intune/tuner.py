@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from intune.checkpoint import ResumeError
 from intune.knobs import Knob
 from intune.monitor import MachineSample, Monitor
 from intune.monitor.live import observe
@@ -36,6 +37,7 @@ from intune.policies import (
     make,
 )
 from intune.policies.runner import Runner
+from intune.tunable import Tunable
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class Tuner:
 
     def __init__(
         self,
-        pipe: Any,
+        pipe: Tunable,
         policy: Policy,
         tick_s: float = 1.0,
         reward_scale: float | None = None,
@@ -232,31 +234,29 @@ class Tuner:
         use, buffers only into the free memory), so a job restarted on a smaller machine starts from its
         saved allocation cut to fit, then adapts. What was applied is in
         ``restored``. The policy gets its state right after its first ``reset`` (it skips its warm
-        start). Another policy, knob set, or knob unit raises ``ResumeMismatchError`` naming it, and
-        nothing is changed.
+        start). Another policy, knob set, or knob unit raises ``ResumeError`` naming it, and nothing is
+        changed.
         """
-        from intune.dataloader.resume import ResumeMismatchError
-
         if not isinstance(state, Mapping) or state.get("format") != TUNER_STATE_FORMAT:
             got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
-            raise ResumeMismatchError(f"Tuner.load_state_dict: not a tuner state of format {TUNER_STATE_FORMAT} (format {got!r})")
+            raise ResumeError(f"Tuner.load_state_dict: not a tuner state of format {TUNER_STATE_FORMAT} (format {got!r})")
         if state["policy"] != self.policy.name:
-            raise ResumeMismatchError(
+            raise ResumeError(
                 f"Tuner.load_state_dict: the state is policy {state['policy']!r}'s, this tuner runs {self.policy.name!r}"
             )
         saved, knobs = state["knobs"], self.knobs
         missing, extra = sorted(set(knobs) - set(saved)), sorted(set(saved) - set(knobs))
         if missing or extra:
-            raise ResumeMismatchError(
+            raise ResumeError(
                 f"Tuner.load_state_dict: the state is from another pipeline: knobs {extra} are in the state "
                 f"only, {missing} in this pipeline only"
             )
         units = [f"{n} ({saved[n]['unit']} saved, {knobs[n].unit} here)" for n in knobs if saved[n]["unit"] != knobs[n].unit]
         if units:
-            raise ResumeMismatchError(f"Tuner.load_state_dict: knobs of another unit: {', '.join(units)}")
+            raise ResumeError(f"Tuner.load_state_dict: knobs of another unit: {', '.join(units)}")
         policy_state = state["policy_state"]
         if policy_state is not None and not isinstance(self.policy, StatefulPolicy):
-            raise ResumeMismatchError(
+            raise ResumeError(
                 f"Tuner.load_state_dict: the state holds policy {self.policy.name!r}'s state, but this policy keeps none"
             )
         with self._policy_lock:
@@ -298,15 +298,10 @@ class Tuner:
 
     def _remote_cpus(self) -> float:
         """The remote cluster's CPUs the pipeline may hold now (0 for a pipeline without remote workers)."""
-        read = getattr(self.pipeline, "remote_cpus", None)
-        return float(read()) if callable(read) else 0.0
+        return float(self.pipeline.remote_cpus())
 
     def _pipeline_closed(self) -> bool:
-        # ``closed`` is the public flag; the engine's Pipeline keeps it as ``_closed`` for now
-        closed = getattr(self.pipeline, "closed", None)
-        if closed is None:
-            closed = getattr(self.pipeline, "_closed", False)
-        return bool(closed)
+        return bool(self.pipeline.closed)
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
@@ -497,7 +492,7 @@ def _refuse(value: int) -> None:
 
 
 def tune(
-    pipe: Any,
+    pipe: Tunable,
     policy: str | Policy = "intune",
     tick_s: float = 1.0,
     reward_scale: float | None = None,

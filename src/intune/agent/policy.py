@@ -32,6 +32,7 @@ from intune.monitor.observation import OOM_PENALTY, Observation
 from intune.monitor.observation import reward as contract_reward
 from intune.policies.remote_sizing import with_remote_placement
 from intune.policies.safety import SafetyLayer, shuffle_floor, start_allocation
+from intune.rng import rng_from_state, rng_state
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
@@ -200,7 +201,7 @@ class IntunePolicy:
             "weights": network_state(self.q),
             "online": online,
             "observed": self._observed,
-            "rng": _rng_state(self._rng),
+            "rng": rng_state(self._rng),
             "features": self.chooser.builder.state_dict(),
             "safety": self.safety.state_dict(),
             "replay": buffer,
@@ -222,7 +223,7 @@ class IntunePolicy:
             self._learner = self._new_learner()
             self._learner.load_state_dict(online)
         self._observed = int(state["observed"])
-        self._rng = _rng_from_state(state["rng"])
+        self._rng = rng_from_state(state["rng"], "intune policy state rng")
         self.chooser.builder.load_state_dict(state["features"])
         self.safety.load_state_dict(state["safety"])
         saved = state["replay"]
@@ -318,29 +319,3 @@ def network_with_rules(weights: str | Path | None = None, **steer_kwargs: Any):
 
 
 _REPLAY_FIELDS = ("rows", "valid", "actions", "returns", "discount", "next_rows", "next_valid", "next_mask")
-
-
-def _rng_state(rng: np.random.Generator) -> dict[str, Any]:
-    """A numpy generator's state with its (128-bit) integers as decimal strings."""
-    state = rng.bit_generator.state
-    inner = state["state"]
-    return {
-        "bit_generator": state["bit_generator"],
-        "state": str(inner["state"]),
-        "inc": str(inner["inc"]),
-        "has_uint32": int(state["has_uint32"]),
-        "uinteger": int(state["uinteger"]),
-    }
-
-
-def _rng_from_state(state: Mapping[str, Any]) -> np.random.Generator:
-    if state["bit_generator"] != "PCG64":
-        raise ValueError(f"intune policy state: generator {state['bit_generator']!r}, expected 'PCG64'")
-    bits = np.random.PCG64()
-    bits.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": int(state["state"]), "inc": int(state["inc"])},
-        "has_uint32": int(state["has_uint32"]),
-        "uinteger": int(state["uinteger"]),
-    }
-    return np.random.Generator(bits)

@@ -115,7 +115,7 @@ def one_round(pattern: str, folder: str, at: int, measure: int, state_repeats: i
     t0 = time.perf_counter()
     save_checkpoint(path, state, kind="pipeline")
     save_s = time.perf_counter() - t0
-    refill = replay(state["shuffle"], 0, state["epoch"], state["rows"], "bench").refill  # counted, not timed
+    refill = replay(state["shuffle"], 0, state["epoch"], state["rows"], "bench").read.refill  # counted, not timed
     out: dict[str, Any] = {}
 
     def straight() -> None:
@@ -161,7 +161,8 @@ def replay_depth(positions: Sequence[int]) -> list[dict[str, Any]]:
     """The replay alone on synthetic logs (8192-row chunks, 200k buffer) that deep into an epoch: from
     the epoch's start, and from an anchor a buffer's worth of input before the position (what a state
     that deep carries, ``resume.ANCHOR_MIN_CHUNKS``; built here by an untimed replay to it)."""
-    from intune.pipeline.resume import replay, rng_state
+    from intune.pipeline.resume import replay
+    from intune.rng import rng_state
 
     out = []
     for rows in positions:
@@ -178,11 +179,11 @@ def replay_depth(positions: Sequence[int]) -> list[dict[str, Any]]:
         plan = replay(log, 0, 0, delivered, "bench")
         from_start = time.perf_counter() - t0
         at = replay(log, 0, 0, delivered - BUFFER_ROWS, "bench")  # the anchor: the buffer one buffer back
-        assert at.log is not None and at.rng is not None and at.buffer_ids is not None
+        assert at.buffer_ids is not None
         anchored = {
             **log,
             "anchor": {
-                "k": len(at.log.rows), "e": len(at.log.events), "emitted": at.rows + len(at.straddle_ids),
+                "k": len(at.log.rows), "e": len(at.log.events), "emitted": at.delivered + len(at.straddle_ids),
                 "rng": rng_state(at.rng), "capacity": at.capacity, "base": 0, "ids": at.buffer_ids,
             },
         }
@@ -195,7 +196,7 @@ def replay_depth(positions: Sequence[int]) -> list[dict[str, Any]]:
             "position_rows": k * CHUNK_ROWS,
             "replay_s": from_start,
             "replay_from_anchor_s": from_anchor,
-            "refill_rows_to_read": int(sum(CHUNK_ROWS * len(v) for v in plan.refill.values())),
+            "refill_rows_to_read": int(sum(CHUNK_ROWS * len(v) for v in plan.read.refill.values())),
             "log_bytes_without_anchor": 16 * k,
             "log_bytes_with_anchor": 16 * kept,
             "anchor_bytes": 4 * len(at.buffer_ids),

@@ -48,6 +48,7 @@ from intune.knobs import Knob
 from intune.monitor import available_cpus
 from intune.pipeline import Pipeline
 from intune.pipeline.sharding import resolve_shard
+from intune.tunable import MovableKnobs
 
 PREFETCH_MB = 64
 """The prefetch buffer's starting bound in MB (its knob, ``prefetch.buffer_mb``, is tuned)."""
@@ -190,7 +191,7 @@ class DataLoader:
             return None
         from intune.tuner import tune
 
-        return tune(_Tunable(self.pipeline), policy=policy)  # its monitor: the shard's share of the machine
+        return tune(MovableKnobs(self.pipeline), policy=policy)  # its monitor: the shard's share of the machine
 
     # ---- torch's attributes ----------------------------------------------------------------------
     @property
@@ -221,7 +222,7 @@ class DataLoader:
     def knobs(self) -> Mapping[str, Knob]:
         """The knobs that move: ``fetch.workers`` and ``prefetch.buffer_mb`` (the pipeline's ``knobs``
         also lists the sampler's one thread, fixed)."""
-        return _Tunable(self.pipeline).knobs
+        return MovableKnobs(self.pipeline).knobs
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter()`` shuffles for (by default the count of epochs started): with
@@ -486,33 +487,6 @@ class _Seed:
 
     def get(self) -> int:
         return self.value or 0
-
-
-class _Tunable:
-    """The pipeline as its tuner sees it: the knobs that can move. The sampler's single thread is a
-    knob fixed at 1, which a policy would count as a stage to give CPUs to (an even split would halve
-    the fetch workers on 2 CPUs); without it, that stage reads as an inline one, as the batch stage does."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-
-    @property
-    def knobs(self) -> Mapping[str, Knob]:
-        return {name: knob for name, knob in self.pipeline.knobs.items() if knob.min < knob.max}
-
-    @property
-    def shard(self) -> Any:
-        return self.pipeline.shard
-
-    def metrics(self) -> Any:
-        return self.pipeline.metrics()
-
-    @property
-    def closed(self) -> bool:
-        return self.pipeline.closed
-
-    def close(self) -> None:
-        self.pipeline.close()
 
 
 def dataset_name(dataset: Any) -> str:

@@ -31,15 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from intune.checkpoint import CheckpointError
+from intune.checkpoint import ResumeError
 
 STATE_FORMAT = 1
 """The layout version of ``DataLoader.state_dict()``; a state of another version is refused."""
 
-
-class ResumeMismatchError(CheckpointError):
-    """A state that cannot resume this loader or tuner: another configuration, or an epoch whose order
-    cannot be regenerated. The message names what differs."""
+ResumeMismatchError = ResumeError
+"""A state that cannot resume this loader: another configuration, or an epoch whose order cannot be
+regenerated (the message names what differs). The name the DataLoader has always raised; the class is
+intune's one resume error, ``intune.checkpoint.ResumeError``."""
 
 
 def batch_digest(number: int, keys: np.ndarray) -> int:

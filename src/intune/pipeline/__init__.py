@@ -6,7 +6,8 @@ Modules: ``engine`` (the builder, knobs, metrics), ``epoch`` (a running epoch, t
 ``remote_ray`` (a map stage's remote workers: Ray actors beside the local ones),
 ``channel`` (bounded, ordered queues), ``shuffle`` and ``batcher`` (pure algorithms), ``sources``
 and ``criteo`` (readers), ``columns`` (Arrow columns as numpy: strings as fixed-width arrays),
-``metrics`` (the snapshot contract).
+``metrics`` (the snapshot contract), ``resume`` and ``session_resume`` (what stages share to resume an
+epoch: roles, the input log, its replays) and ``state`` (a pipeline's state composed of its stages').
 """
 
 from intune.pipeline.engine import Pipeline

@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment
 from intune.pipeline.errors import SourceError
 from intune.pipeline.sharding import Shard, pad_to, range_slices
-from intune.pipeline.sources import Source, split_rows
+from intune.pipeline.sources import Source, file_facts, split_rows
 
 INT_COLUMNS = [f"I{i}" for i in range(1, 14)]
 CAT_COLUMNS = [f"C{i}" for i in range(1, 27)]
@@ -231,6 +232,20 @@ class CriteoTsvSource(Source):
         self._plan: list[tuple[int, int, int]] | None = None
         self._starts: dict[int, int] = {}  # unit -> byte offset of its first line (once read)
         self._lock = threading.Lock()
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The files (path, size, modification time: a TSV file has no footer to digest), the chunking
+        (``chunk_rows``, ``block_bytes``) and ``on_error`` (which decides the rows of a block)."""
+        return {
+            "kind": "criteo_tsv",
+            "files": file_facts(self.paths),
+            "chunk_rows": self.chunk_rows,
+            "block_bytes": self.block_bytes,
+            "on_error": self.on_error,
+        }
+
+    def max_chunk_rows(self) -> int:
+        return self.chunk_rows
 
     def units(self) -> int:
         with self._lock:

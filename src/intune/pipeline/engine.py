@@ -2,11 +2,12 @@
 
 Owns the public API (``from_parquet`` / ``from_iterable`` / ``from_criteo_tsv``, ``shuffle``, ``map``,
 ``map_rows``, ``batch``, ``prefetch``, iteration, ``to_tf_dataset``, ``knobs``, ``metrics``, ``close``,
-``state_dict`` / ``load_state_dict``, whose rules live in ``resume``),
+``state_dict`` / ``load_state_dict``: a state is the stages' parts, composed by the rules of ``state``),
 starting and ending epochs (``epoch`` runs them) and shutdown. Builder methods append a stage and
-return the same pipeline. It must not contain stage algorithms (``stages``, ``shuffle``, ``batcher``,
-``row_map``), source formats or sharding (``sources``, ``criteo``, ``sharding``) or adapters
-(``intune.integrations``).
+return the same pipeline. It must not contain stage algorithms or their resume (``stages``,
+``serial_stages``, ``shuffle``, ``batcher``, ``row_map``, ``resume``), source formats or sharding
+(``sources``, ``criteo``, ``sharding``), workloads (RecD's session shuffle and dedup are adapters in
+``intune.recd``) or adapters (``intune.integrations``).
 """
 
 from __future__ import annotations
@@ -18,29 +19,18 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from functools import partial
 from typing import Any
 
-from intune.checkpoint import CheckpointError
 from intune.knobs import Knob
+from intune.pipeline import state as states
 from intune.pipeline.channel import Channel
 from intune.pipeline.chunks import Chunk
 from intune.pipeline.columns import STRINGS
 from intune.pipeline.epoch import ConsumerStats, Epoch, EpochIterator
 from intune.pipeline.metrics import PipelineMetrics
-from intune.pipeline.resume import (
-    STATE_VERSION,
-    ResumeError,
-    ResumePlan,
-    check_fingerprint,
-    check_resumable,
-    fingerprint,
-    replay,
-    stream_replay,
-)
+from intune.pipeline.resume import Position, SourceBounds
 from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
-from intune.pipeline.session_resume import session_replay
 from intune.pipeline.sharding import Shard, resolve_shard
 from intune.pipeline.shm import remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
@@ -132,7 +122,9 @@ class Pipeline:
         self._lock = threading.RLock()
         self._consumer = ConsumerStats()
         self._last_epoch: Epoch | None = None  # the latest epoch started: what state_dict() describes
-        self._resume_plan: ResumePlan | None = None  # set by load_state_dict, taken by the next epoch
+        # set by load_state_dict, taken by the next epoch: the position it resumes at (rows, batches)
+        # and the state itself (state_dict() gives it back until then); the stages keep their own parts
+        self._resume_at: tuple[int, int] | None = None
         self._loaded_state: dict[str, Any] | None = None
         self._add(ReadStage(source, name, self.max_workers))
         self._running = _Running(self._stages)
@@ -264,22 +256,17 @@ class Pipeline:
         not below (a smaller window mixes rows less; set it to the window your training needs).
 
         ``by`` names a session column: runs of equal values (sessions) are shuffled as wholes, so that
-        in-batch duplication survives for ``dedup`` (RecD, ``intune.recd.session_shuffle``).
+        in-batch duplication survives for ``dedup`` (RecD, ``intune.recd.session_stage``).
         """
         buffer_rows = check_int("buffer_rows", buffer_rows, 1)
         seed = check_int("seed", seed, 0)
         buffer_mb = self._buffer_mb(buffer_mb)
         min_buffer_mb = check_int("min_buffer_mb", min_buffer_mb, 1, buffer_mb)
-        factory = None
-        if by is not None:
-            from intune.recd.session_shuffle import SessionShuffleBuffer
+        if by is not None:  # RecD's adapter: the engine's shuffle stage over whole sessions
+            from intune.recd.session_stage import SessionShuffleStage
 
-            factory = partial(SessionShuffleBuffer, key=by)
-        return self._add(
-            ShuffleStage(
-                name, buffer_rows, seed, buffer_mb, self.max_mb, buffer_factory=factory, min_mb=min_buffer_mb, by=by
-            )
-        )
+            return self._add(SessionShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb, min_buffer_mb, by=by))
+        return self._add(ShuffleStage(name, buffer_rows, seed, buffer_mb, self.max_mb, min_buffer_mb))
 
     def map(
         self,
@@ -504,14 +491,10 @@ class Pipeline:
             if self._epoch is not None:
                 self._end_epoch(self._epoch, reason="superseded")
             epoch = Epoch(self._epochs, self.label, self.deterministic)
-            plan, self._resume_plan, self._loaded_state = self._resume_plan, None, None
-            if plan is not None:
-                epoch.resume = plan
-                epoch.delivered_rows, epoch.delivered_batches = plan.rows, plan.batches
+            resume_at, self._resume_at, self._loaded_state = self._resume_at, None, None
+            if resume_at is not None:  # the stages follow their loaded parts (``load_state_dict``)
+                epoch.delivered_rows, epoch.delivered_batches = resume_at
             self._last_epoch = epoch
-            batches = [s for s in self._stages if isinstance(s, BatchStage)]
-            if batches and not any(s.kind == "shuffle" for s in self._stages):
-                batches[0].logs_input = True  # no shuffle: the batch stage keeps the input log (``resume``)
             # counted before any stage starts: a fast stage may skip chunks before the iterator exists
             epoch.skipped_at_start = self._skipped_counts()
             self._epochs += 1
@@ -541,7 +524,7 @@ class Pipeline:
                 for stage in self._stages:
                     stage.detach()
 
-    # ---- checkpoints (``resume``) ------------------------------------------------------------------
+    # ---- checkpoints (``state``: the stages' parts composed) -----------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where this pipeline is: the epoch, the rows and batches delivered in it, the shuffle's log and
         the knob values, as plain values and numpy arrays (``intune.checkpoint.save_checkpoint`` stores it).
@@ -553,16 +536,20 @@ class Pipeline:
         epoch's end, it points at the start of the next epoch. Raises ``ResumeError`` for a pipeline a
         checkpoint cannot resume exactly (``deterministic=False``, neither a shuffle nor a batch stage, a
         custom stage, a map before the shuffle that changed row counts; see docs/resume.md).
+
+        The log is the part of the stage that keeps it (``state.recorder``: the shuffle, or the batch
+        stage of a pipeline without one); every other stage's output after the position is found again
+        from its input, so it adds nothing but its fingerprint.
         """
-        check_resumable(self)
+        recorder = states.recorder(self._stages, self.deterministic)
         with self._lock:
             if self._loaded_state is not None:  # loaded and not yet iterated: still that position
                 return dict(self._loaded_state)
             epoch = self._last_epoch
             next_epoch = self._epochs
         state: dict[str, Any] = {
-            "version": STATE_VERSION,
-            "fingerprint": fingerprint(self),
+            "version": states.STATE_VERSION,
+            "fingerprint": states.fingerprint(self.deterministic, self.shard, self._stages),
             "knobs": {name: knob.value for name, knob in self._knobs.items()},
             "shuffle": None,
         }
@@ -574,10 +561,7 @@ class Pipeline:
         rows, batches = epoch.delivered_rows, epoch.delivered_batches
         state.update(epoch=epoch.index, rows=rows, batches=batches)
         if rows:
-            log = epoch.shuffle_log
-            if log is None:
-                raise ResumeError(f"epoch {epoch.index} has no shuffle log to resume from")
-            state["shuffle"] = log.snapshot(rows)
+            state["shuffle"] = recorder.state_dict(epoch, rows)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -587,10 +571,17 @@ class Pipeline:
 
         Call it before iterating (on a pipeline whose epoch runs it raises). A state from another
         pipeline (sources, stages, seed, batch size, rank) raises ``CheckpointError`` naming what
-        differs. Knob values are restored, clamped to this pipeline's bounds. The shuffle is replayed on
-        row ids here (no data read), so a bad log fails now, not in the epoch.
+        differs; a data file rewritten since the checkpoint (another size, time or Parquet footer)
+        raises it naming the file. Every field is checked against this pipeline before anything is
+        allocated (a malformed or out-of-bounds one raises ``CheckpointError`` naming it). Knob values
+        are restored, clamped to this pipeline's bounds. The shuffle is replayed on row ids here (no data
+        read), so a bad log fails now, not in the epoch.
+
+        Each stage takes its own part, from the consumer's end back to the source (``Stage.load_state_dict``):
+        the stage that keeps the log replays it and leaves the rows to read again for the read stage.
         """
-        check_resumable(self)
+        where = "load_state_dict()"
+        recorder = states.recorder(self._stages, self.deterministic)
         with self._lock:
             if self._closed:
                 raise ValueError("load_state_dict(): the pipeline is closed")
@@ -599,37 +590,27 @@ class Pipeline:
                     "load_state_dict() must be called before iterating: an epoch of this pipeline is running "
                     "(load the state into a new pipeline, or close this iterator first)"
                 )
-        if not isinstance(state, Mapping):
-            raise CheckpointError(f"load_state_dict(): a state is a dict, got {type(state).__name__}")
-        missing = [k for k in ("version", "fingerprint", "epoch", "rows", "batches", "knobs", "shuffle") if k not in state]
-        if missing:
-            raise CheckpointError(f"load_state_dict(): the state lacks {missing}; is it a pipeline's state_dict()?")
-        if state["version"] != STATE_VERSION:
-            raise CheckpointError(f"load_state_dict(): state version {state['version']!r}, this intune reads {STATE_VERSION}")
-        check_fingerprint(state["fingerprint"], fingerprint(self))
-        epoch, rows, batches = int(state["epoch"]), int(state["rows"]), int(state["batches"])
-        if epoch < 0 or rows < 0 or batches < 0:
-            raise CheckpointError(f"load_state_dict(): negative position (epoch {epoch}, rows {rows}, batches {batches})")
-        plan = None
-        if rows:
-            if state["shuffle"] is None:
-                raise CheckpointError(f"load_state_dict(): {rows} rows delivered but the state has no shuffle log")
-            shuffle = next((s for s in self._stages if s.kind == "shuffle"), None)
-            if shuffle is None:  # no shuffle: the input in order, the delivered rows skipped
-                plan = stream_replay(state["shuffle"], epoch, rows, "load_state_dict()")
-            elif "releases" in state["shuffle"]:  # a session shuffle (RecD): redo the release at the position
-                plan = session_replay(state["shuffle"], epoch, rows, "load_state_dict()")
-            else:
-                plan = replay(state["shuffle"], shuffle.seed, epoch, rows, "load_state_dict()")
-            assert plan is not None
-            plan.batches = batches
-        for name, value in dict(state["knobs"]).items():
+        epoch, rows, batches, knobs = states.check_header(state, where)
+        here = states.fingerprint(self.deterministic, self.shard, self._stages)
+        states.check_fingerprint(state["fingerprint"], here, where)
+        read = self._stages[0]
+        assert isinstance(read, ReadStage)
+        position = Position(epoch, rows, read.bounds() if rows else SourceBounds(None, 0), where)
+        try:
+            for stage in reversed(self._stages):
+                stage.load_state_dict(state["shuffle"] if rows and stage is recorder else None, position)
+        except BaseException:
+            fresh = Position(epoch, 0, position.source, where)
+            for stage in self._stages:  # nothing half-loaded: every stage starts its next epoch afresh
+                stage.load_state_dict(None, fresh)
+            raise
+        for name, value in knobs.items():
             knob = self._knobs.get(name)
             if knob is not None:
-                knob.set(min(max(int(value), knob.min), knob.max))
+                knob.set(min(max(value, knob.min), knob.max))
         with self._lock:
             self._epochs = epoch
-            self._resume_plan = plan
+            self._resume_at = (rows, batches) if rows else None
             self._loaded_state = dict(state)
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from intune.pipeline.errors import PipelineClosedError
 from intune.pipeline.pool import PoolRun
 
 if TYPE_CHECKING:
-    from intune.pipeline.resume import ResumePlan, ShuffleLog
+    from intune.pipeline.resume import ShuffleLog
 
 
 class Epoch:
@@ -42,8 +42,8 @@ class Epoch:
         self.error: BaseException | None = None
         self.stop_reason = ""  # why the epoch was stopped: "failed", "closed", "superseded", "ended"
         self.skipped_at_start: dict[str, int] = {}  # each stage's skip count before the epoch started
-        # resume (``resume``): the plan a resumed epoch follows, the shuffle's log, the consumer's position
-        self.resume: ResumePlan | None = None
+        # resume: the epoch's input log (kept by the first stage that re-orders or re-cuts rows, whose
+        # ``state_dict`` snapshots it), and the consumer's position
         self.shuffle_log: ShuffleLog | None = None
         self.delivered_rows = 0  # epoch-global: a resumed epoch starts at the checkpoint's position
         self.delivered_batches = 0

@@ -1,10 +1,14 @@
-"""Resuming an epoch mid-way: what a pipeline's state holds, and how a resume rebuilds the shuffle.
+"""Resuming an epoch mid-way: the contract between stages, the epoch's input log, and its replays.
 
-Owns the shuffle's record of an epoch (``ShuffleLog``), the replay of that record on row ids
-(``replay``), the plan a resumed epoch follows (``ResumePlan``: which rows to read again, where the
-read stage picks up, the buffer's slots and generator), the pipeline's fingerprint and the rules for
-which pipelines can be resumed. The engine calls it (``Pipeline.state_dict`` / ``load_state_dict``);
-the stages follow the plan. It must not read files or run stages itself.
+Owns what the stages share to resume an epoch (docs/resume.md): each stage's role (``SOURCE``,
+``ROW_WISE``, ``RECUTS``, ``REORDERS``), the ``Position`` a loaded state is walked back with from the
+consumer to the source, and the ``ReadRequest`` a resumed read stage follows; the input log a
+recording stage keeps (``ShuffleLog``), its checks against the pipeline's bounds (``check_log``), and
+its two replays: on row ids for a slot shuffle (``replay`` -> ``ShufflePlan``) and in input order for a
+pipeline without a shuffle (``stream_replay`` -> ``StreamPlan``). A session shuffle's replay is in
+``session_resume``. The stages call it: each one's ``state_dict`` / ``load_state_dict`` are its own
+(``stages``, ``serial_stages``), and ``state`` composes them into a pipeline's state. It must not read
+files, run stages, or import the stages or the engine.
 
 Why the state is small. With ``deterministic=True`` the shuffle's input is a fixed sequence of chunks
 (units read in order), and its random draws depend only on sizes: each chunk's row count, the capacity
@@ -14,9 +18,13 @@ consumer's position (rows and batches delivered), and the shuffle's log: each in
 ``buffer_mb`` change, a shrink, the final drain). Replaying the log on row ids only, up to the step
 whose output crosses the consumer's position, gives the buffer's exact contents (ids in slot order) and
 the generator's state; a resume reads those rows again ("the refill"), and the source from the chunk
-after the last replayed one. A session shuffle (RecD) is resumed another way, by redoing one logged
-release (``session_resume``); a pipeline without a shuffle delivers its input in order, so its resume
-skips the delivered rows (``stream_replay``, the batch stage keeping the log). See docs/resume.md.
+after the last replayed one.
+
+Why every field is checked before the replay. A checkpoint's sha256 detects damage, not intent: anyone
+can write a state and its digest. The replay allocates row ids for each chunk and for the buffer, so a
+state claiming a 10**10-row chunk would allocate 75 GiB; ``check_log`` bounds every field against the
+pipeline first (chunk rows by the source's chunk size, capacities by the shuffle's ``buffer_rows``,
+positions by the log's own length) and names the field it refuses.
 """
 
 from __future__ import annotations
@@ -24,17 +32,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from intune.checkpoint import CheckpointError
+from intune.checkpoint import CheckpointError, ResumeError, brief
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
+from intune.rng import rng_from_state, rng_state
 
-if TYPE_CHECKING:
-    from intune.pipeline.engine import Pipeline
-
-STATE_VERSION = 1
+# ---- the stages' roles ---------------------------------------------------------------------------
+# How a stage's output after the consumer's position is found again (``state.recorder``).
+SOURCE = "source"  # reads again what the recording stage asks for (``ReadRequest``)
+ROW_WISE = "row-wise"  # each output row comes from one input row, in order: nothing to keep (map, prefetch)
+RECUTS = "re-cuts"  # re-cuts rows into chunks: keeps the input log when no stage before it does (batch)
+REORDERS = "re-orders"  # re-orders rows by its own state: keeps the input log; one per pipeline (shuffle)
+NO_RULE = ""  # a stage intune has no resume rule for (a custom stage): its pipeline cannot be resumed
 
 # event kinds in the shuffle log: (position = chunks added before it, kind, a, b)
 INIT, RESIZE, DRAIN = 0, 1, 2
@@ -49,25 +61,95 @@ ANCHOR_MIN_CHUNKS = 2048
 # shuffle runs ahead of its consumer by the queues downstream, and a state can only use an anchor the
 # consumer has passed (a copy of the buffer's ids each: 1.6 MB at 200k rows).
 KEPT_ANCHORS, ANCHOR_MIN_SPACING = 6, 4
+# The bytes a replay allocates per row of a chunk at most (its ids, and a chunk larger than the buffer
+# merged and permuted with it): a source that does not fix its chunk size is bounded by memory with it.
+REPLAY_BYTES_PER_ROW = 32
+# Row ids and positions are int64 in the engine; a state's numbers beyond this are refused.
+MAX_INDEX = 1 << 62
+
+__all__ = [
+    "ANCHOR_MIN_CHUNKS",
+    "NO_RULE",
+    "RECUTS",
+    "REORDERS",
+    "ROW_WISE",
+    "SOURCE",
+    "Position",
+    "ReadRequest",
+    "ResumeError",
+    "ShuffleLog",
+    "ShufflePlan",
+    "SourceBounds",
+    "StreamPlan",
+    "check_log",
+    "replay",
+    "stream_replay",
+]
 
 
-def rng_state(rng: np.random.Generator) -> list[int]:
-    """A PCG64 generator's state as four integers (what ``generator_at`` takes back)."""
-    state = rng.bit_generator.state
-    if state.get("bit_generator") != "PCG64":
-        raise ValueError(f"resume needs a PCG64 generator, got {state.get('bit_generator')}")
-    return [int(state["state"]["state"]), int(state["state"]["inc"]), int(state["has_uint32"]), int(state["uinteger"])]
+# ---- what a loaded state hands from stage to stage ------------------------------------------------
 
 
-def generator_at(values: list[int]) -> np.random.Generator:
-    rng = np.random.default_rng()
-    rng.bit_generator.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": int(values[0]), "inc": int(values[1])},
-        "has_uint32": int(values[2]),
-        "uinteger": int(values[3]),
-    }
-    return rng
+@dataclass(frozen=True)
+class SourceBounds:
+    """What a state's read addresses and chunk sizes are checked against: the read stage's source."""
+
+    units: int | None  # read units of a parallel source; None for a stream (its length is unknown)
+    max_chunk_rows: int  # the most rows a chunk of it holds (or, unknown, what memory allows a replay)
+
+
+@dataclass
+class ReadRequest:
+    """What a resumed read stage sends before and instead of its usual input.
+
+    ``refill``: ``{unit: {chunk: (rows read then, local row indices to send again, ascending)}}``, the
+    rows the recording stage held at the checkpoint, sent first and marked as refill; ``after``: the
+    last chunk the checkpointed run's recorder had taken in (``(unit, chunk)``), read on from the chunk
+    after it (None: from the start)."""
+
+    refill: dict[int, dict[int, tuple[int, np.ndarray]]] = field(default_factory=dict)
+    after: tuple[int, int] | None = None
+
+
+@dataclass
+class Position:
+    """Where a loaded state resumes, handed by ``Pipeline.load_state_dict`` from the consumer's end back
+    to the source: each stage loads its own part and may leave a ``read`` request for the read stage."""
+
+    epoch: int
+    rows: int  # rows delivered in the epoch before the checkpoint (0: the epoch starts afresh)
+    source: SourceBounds
+    where: str = "load_state_dict()"
+    read: ReadRequest | None = None
+
+
+@dataclass
+class ShufflePlan:
+    """What a resumed slot shuffle does before it follows its input (built by ``replay``)."""
+
+    read: ReadRequest
+    delivered: int  # rows of the epoch delivered before the checkpoint (the rows let out before it)
+    refill_ids: np.ndarray  # ascending: the row ids the refill brings
+    buffer_ids: np.ndarray | None  # slot order; None: no buffer yet
+    straddle_ids: np.ndarray  # let out at the checkpoint's step, not yet delivered
+    rng: np.random.Generator
+    capacity: int
+    next_id: int  # the row id of the next chunk added
+    log: ShuffleLog  # the log up to the replay's stop (the resumed epoch appends to it)
+    pending: list[Step]  # logged steps after the stop, applied where they ran
+    logged_until: int  # chunks the checkpointed run had added: below it, only logged steps
+    chunk_rows: int  # the largest chunk added so far (the shuffle's max_out)
+
+
+@dataclass
+class StreamPlan:
+    """What a resumed pipeline without a shuffle does: skip the delivered rows (``stream_replay``)."""
+
+    read: ReadRequest
+    log: ShuffleLog
+
+
+# ---- the input log ----------------------------------------------------------------------------------
 
 
 def steps(events: Any) -> list[Step]:
@@ -75,22 +157,18 @@ def steps(events: Any) -> list[Step]:
     return [(int(p), int(k), int(a), int(b)) for p, k, a, b in np.asarray(events, dtype=np.int64).reshape(-1, 4)]
 
 
-class ResumeError(ValueError):
-    """This pipeline cannot take or resume a checkpoint as asked (the message says why)."""
-
-
 class ShuffleLog:
-    """What a shuffle stage did in one epoch: its input chunks and the steps that drew outside ``add``.
+    """What a recording stage saw in one epoch: its input chunks and the steps that drew outside ``add``.
 
-    The shuffle thread appends; ``snapshot`` (the consumer's thread) copies under the lock. A chunk
+    The stage's thread appends; ``snapshot`` (the consumer's thread) copies under the lock. A chunk
     without a read address, or whose rows differ from the rows read (a map before the shuffle that
     drops rows), makes the epoch unresumable: ``problem`` says why, and ``state_dict`` raises it.
     """
 
     def __init__(self, units: list[int] | None = None, items: list[int] | None = None,
-                 rows: list[int] | None = None, events: list[tuple[int, int, int, int]] | None = None,
+                 rows: list[int] | None = None, events: list[Step] | None = None,
                  row_bytes: int = 0, releases: list[list[int]] | None = None,
-                 rng_states: list[list[int]] | None = None, sessions: bool = False, first_chunk: int = 0,
+                 rng_states: list[dict[str, Any]] | None = None, sessions: bool = False, first_chunk: int = 0,
                  first_event: int = 0, first_id: int = 0, max_rows_before: int = 0) -> None:
         self._lock = threading.Lock()
         # a log may start past the epoch's start (a resumed one whose state carried an anchor): chunk
@@ -109,7 +187,7 @@ class ShuffleLog:
         self.rng_states = rng_states or []
         # a resumed epoch's steps that the checkpointed run had taken but this one has not yet: a state
         # taken now keeps them (after the steps taken), so a second resume applies them where they ran
-        self.pending: list[tuple[int, int, int, int]] = []
+        self.pending: list[Step] = []
         # the slot buffer's latest anchors: {k, e, emitted, rng, capacity, ids} after a step; a log that
         # starts past the epoch's start pins the anchor it starts from (its newer ones may all lie ahead
         # of the consumer, and without an anchor it could not be replayed)
@@ -140,7 +218,7 @@ class ShuffleLog:
         with self._lock:
             self.events.append((self.first_chunk + len(self.rows), kind, a, b))
 
-    def take_pending(self, position: int) -> list[tuple[int, int, int, int]]:
+    def take_pending(self, position: int) -> list[Step]:
         """The pending steps at ``position``, moved to the steps taken (one lock: a snapshot sees each
         step once, taken or pending)."""
         with self._lock:
@@ -159,10 +237,10 @@ class ShuffleLog:
             })
             del self.anchors[:-KEPT_ANCHORS]
 
-    def release(self, fields: list[int], rng_state: list[int]) -> None:
+    def release(self, fields: list[int], state: dict[str, Any]) -> None:
         with self._lock:
             self.releases.append(fields)
-            self.rng_states.append(rng_state)
+            self.rng_states.append(state)
 
     def snapshot(self, delivered: int | None = None) -> dict[str, Any]:
         """The log as plain arrays; with ``delivered``, the latest anchor at or before that position
@@ -217,42 +295,124 @@ class ShuffleLog:
                 out["anchor"] = anchor
             if self.sessions:
                 out["releases"] = np.array(self.releases, dtype=np.int64).reshape(-1, 8)
-                out["rng_states"] = [list(s) for s in self.rng_states]  # 128-bit integers: in the JSON tree
+                out["rng_states"] = [dict(s) for s in self.rng_states]
             return out
 
 
-@dataclass
-class ResumePlan:
-    """What a resumed epoch does differently, for the read stage and the shuffle stage."""
+# ---- a state's log, checked against the pipeline -----------------------------------------------------
 
-    epoch: int
-    rows: int  # rows delivered before the checkpoint (epoch-global)
-    batches: int
-    shuffle_seed: int = 0
-    # read stage: {unit: {item: (rows read then, local row indices to send again, ascending)}}
-    refill: dict[int, dict[int, tuple[int, np.ndarray]]] = field(default_factory=dict)
-    resume_after: tuple[int, int] | None = None  # the last chunk the replay added: read what follows it
-    # shuffle stage
-    refill_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # ascending
-    buffer_ids: np.ndarray | None = None  # slot order; None: no buffer yet
-    straddle_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # let out, not delivered
-    rng: np.random.Generator | None = None
-    capacity: int = 0
-    next_id: int = 0  # the row id of the next chunk added
-    log: ShuffleLog | None = None  # the log up to the replay's stop (the resumed epoch appends to it)
-    pending: list[tuple[int, int, int, int]] = field(default_factory=list)  # logged steps after the stop
-    logged_until: int = 0  # chunks the checkpointed run had added: below it, only logged steps
-    chunk_rows: int = 1  # the largest chunk added so far (the shuffle's max_out)
-    session_redo: dict[str, int] | None = None  # a session shuffle's release to redo (``session_resume``)
+_LOG_KEYS = ("units", "items", "rows", "events", "row_bytes")
 
 
-def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, where: str) -> ResumePlan:
+def int_field(value: Any, name: str, lo: int = 0, hi: int = MAX_INDEX) -> int:
+    """``value`` as an int in ``[lo, hi]``, else ``CheckpointError`` naming the field ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise CheckpointError(f"{name}: {brief(value)} is not an integer")
+    if not lo <= int(value) <= hi:
+        raise CheckpointError(f"{name}: {int(value)} is out of bounds, valid range is [{lo}, {hi}]")
+    return int(value)
+
+
+def int_array(value: Any, name: str, lo: int, hi: int, columns: int | None = None) -> np.ndarray:
+    """``value`` as an int64 array (1-D, or ``(n, columns)``) whose every entry is in ``[lo, hi]``."""
+    if not isinstance(value, (np.ndarray, list)):
+        raise CheckpointError(f"{name}: a {type(value).__name__}, not an array of integers")
+    array = np.asarray(value)
+    if array.size and array.dtype.kind not in "iu":
+        raise CheckpointError(f"{name}: an array of {array.dtype}, not of integers")
+    shape_ok = array.ndim == 1 if columns is None else (array.ndim == 2 and array.shape[1] == columns) or array.size == 0
+    if not shape_ok:
+        want = "a 1-D array" if columns is None else f"an (n, {columns}) array"
+        raise CheckpointError(f"{name}: shape {list(array.shape)}, expected {want}")
+    if array.size and array.dtype == np.uint64 and int(array.max()) > hi:
+        raise CheckpointError(f"{name}: holds {int(array.max())}, out of bounds [{lo}, {hi}]")
+    array = array.astype(np.int64).reshape(-1, columns) if columns else array.astype(np.int64)
+    if array.size:
+        low, high = int(array.min()), int(array.max())
+        if low < lo or high > hi:
+            bad = low if low < lo else high
+            raise CheckpointError(f"{name}: holds {bad}, out of bounds [{lo}, {hi}]")
+    return array
+
+
+def check_log(log: Any, source: SourceBounds, max_capacity: int, where: str, *, steps_allowed: bool) -> None:
+    """Bound every field of a state's input log (``where`` names it) before anything is replayed.
+
+    Chunk rows by the source's chunk size, read addresses by its units (a stream's chunk is always
+    item 0), steps (kinds, capacities up to ``max_capacity``, positions within the log) and an anchor
+    (its position, capacity, generator and ids) by the log itself. ``steps_allowed``: a shuffle's log
+    has steps; a pipeline without a shuffle logs none.
+    """
+    if not isinstance(log, Mapping):
+        raise CheckpointError(f"{where}: the input log is a {type(log).__name__}, not a dict")
+    missing = [k for k in _LOG_KEYS if k not in log]
+    if missing:
+        raise CheckpointError(f"{where}: the input log lacks {missing}")
+    units = int_array(log["units"], f"{where}.units", 0, MAX_INDEX if source.units is None else source.units - 1)
+    items = int_array(log["items"], f"{where}.items", 0, 0 if source.units is None else MAX_INDEX)
+    rows = int_array(log["rows"], f"{where}.rows", 0, source.max_chunk_rows)
+    if not len(units) == len(items) == len(rows):
+        raise CheckpointError(
+            f"{where}: units, items and rows differ in length ({len(units)}, {len(items)}, {len(rows)})"
+        )
+    int_field(log["row_bytes"], f"{where}.row_bytes", 0, 1 << 40)
+    first_chunk = int_field(log.get("first_chunk", 0), f"{where}.first_chunk")
+    first_event = int_field(log.get("first_event", 0), f"{where}.first_event")
+    first_id = int_field(log.get("first_id", 0), f"{where}.first_id")
+    int_field(log.get("max_rows_before", 0), f"{where}.max_rows_before", 0, source.max_chunk_rows)
+    if first_id + int(rows.sum()) > MAX_INDEX:
+        raise CheckpointError(f"{where}.rows: {int(rows.sum())} rows from row {first_id} overflow the row ids")
+    total = first_chunk + len(rows)
+    events = int_array(log["events"], f"{where}.events", 0, MAX_INDEX, columns=4)
+    if len(events) and not steps_allowed:
+        raise CheckpointError(f"{where}.events: {len(events)} steps in the log of a pipeline without a shuffle")
+    if len(events):
+        positions, kinds = events[:, 0], events[:, 1]
+        # a resumed run's log keeps the steps its checkpointed run took further on (pending): their
+        # positions may lie past the log's chunks
+        if (positions < first_chunk).any() or (np.diff(positions) < 0).any():
+            raise CheckpointError(f"{where}.events: step positions before chunk {first_chunk} or out of order")
+        if not np.isin(kinds, (INIT, RESIZE, DRAIN)).all():
+            raise CheckpointError(f"{where}.events: unknown step kind {int(kinds[~np.isin(kinds, (INIT, RESIZE, DRAIN))][0])}")
+        capacity = events[kinds != DRAIN, 2]
+        if len(capacity) and (capacity.min() < 1 or capacity.max() > max_capacity):
+            raise CheckpointError(f"{where}.events: a capacity outside [1, {max_capacity}] (the stage's buffer_rows)")
+        cuts = np.concatenate([events[kinds == RESIZE, 3], events[kinds == DRAIN, 2]])
+        if len(cuts) and (cuts.min() < 1 or cuts.max() > source.max_chunk_rows):
+            raise CheckpointError(f"{where}.events: a chunk size outside [1, {source.max_chunk_rows}]")
+    anchor = log.get("anchor")
+    if anchor is not None:
+        check_anchor(anchor, first_chunk, total, first_event, first_event + len(events), first_id, max_capacity, f"{where}.anchor")
+
+
+def check_anchor(anchor: Any, first_chunk: int, total: int, first_event: int, last_event: int, first_id: int,
+                 max_capacity: int, where: str) -> None:
+    if not isinstance(anchor, Mapping):
+        raise CheckpointError(f"{where}: a {type(anchor).__name__}, not a dict")
+    missing = [k for k in ("k", "e", "emitted", "rng", "capacity", "base", "ids") if k not in anchor]
+    if missing:
+        raise CheckpointError(f"{where}: lacks {missing}")
+    int_field(anchor["k"], f"{where}.k", first_chunk, total)
+    int_field(anchor["e"], f"{where}.e", first_event, last_event)
+    int_field(anchor["emitted"], f"{where}.emitted")
+    int_field(anchor["capacity"], f"{where}.capacity", 1, max_capacity)
+    base = int_field(anchor["base"], f"{where}.base", first_id)
+    ids = int_array(anchor["ids"], f"{where}.ids", 0, MAX_INDEX - base)
+    if len(ids) > max_capacity:  # a shrunk buffer may hold more than its capacity, never more than buffer_rows
+        raise CheckpointError(f"{where}.ids: {len(ids)} ids in a buffer of at most {max_capacity} rows (buffer_rows)")
+    rng_from_state(anchor["rng"], f"{where}.rng")
+
+
+# ---- the replays --------------------------------------------------------------------------------------
+
+
+def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, where: str) -> ShufflePlan:
     """Replay a shuffle log on row ids until its output has covered ``delivered`` rows.
 
     Steps run in the order they ran: the events logged at position ``k`` (chunks added before them),
     then chunk ``k``'s ``add``. The replay stops after the step whose output reaches ``delivered``
     (at once when nothing was delivered); that step's rows past ``delivered`` are the straddle, let
-    out but not delivered.
+    out but not delivered. The log must have passed ``check_log`` (its sizes are what is allocated).
     """
     units = np.asarray(shuffle["units"], dtype=np.int64)
     items = np.asarray(shuffle["items"], dtype=np.int64)
@@ -277,7 +437,7 @@ def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, wh
         k, e, emitted = int(anchor["k"]), int(anchor["e"]), int(anchor["emitted"])
         if not (first_chunk <= k <= total and first_event <= e <= first_event + len(events) and emitted <= delivered):
             raise CheckpointError(f"{where}: the shuffle log's anchor lies outside the log or past the position")
-        rng = generator_at(list(anchor["rng"]))
+        rng = rng_from_state(anchor["rng"], f"{where}.anchor.rng")
         buf = ShuffleBuffer(rng, int(anchor["capacity"]))
         ids = np.asarray(anchor["ids"], dtype=np.int64) + int(anchor["base"])
         buf.restore({IDS: ids})
@@ -329,33 +489,32 @@ def replay(shuffle: Mapping[str, Any], seed: int, epoch: int, delivered: int, wh
     if len(needed) and needed[0] < first_id:
         raise CheckpointError(f"{where}: the shuffle log was cut after a row the buffer still holds")
     kl, el = k - first_chunk, e - first_event  # the stop, in the log's own arrays
-    plan = ResumePlan(
-        epoch=epoch,
-        rows=delivered,
-        batches=0,
-        shuffle_seed=seed,
+    log = ShuffleLog(
+        units[:kl].tolist(), items[:kl].tolist(), rows[:kl].tolist(), events[:el], int(shuffle["row_bytes"]),
+        first_chunk=first_chunk, first_event=first_event, first_id=first_id, max_rows_before=max_before,
+    )
+    if anchor_used is not None:
+        log.pinned = anchor_used  # a state taken from the resumed run may start from it too
+    return ShufflePlan(
+        read=ReadRequest(
+            refill_map(units, items, rows, starts, needed),
+            (int(units[kl - 1]), int(items[kl - 1])) if kl else None,
+        ),
+        delivered=delivered,
         refill_ids=needed,
         buffer_ids=buffer_ids,
         straddle_ids=straddle,
         rng=rng,
         capacity=capacity,
         next_id=int(starts[kl]),
-        log=ShuffleLog(
-            units[:kl].tolist(), items[:kl].tolist(), rows[:kl].tolist(), events[:el], int(shuffle["row_bytes"]),
-            first_chunk=first_chunk, first_event=first_event, first_id=first_id, max_rows_before=max_before,
-        ),
+        log=log,
         pending=events[el:],
         logged_until=total,
         chunk_rows=max(1, max_before, int(rows[:kl].max()) if kl else 1),
-        resume_after=(int(units[kl - 1]), int(items[kl - 1])) if kl else None,
     )
-    if anchor_used is not None and plan.log is not None:
-        plan.log.pinned = anchor_used  # a state taken from the resumed run may start from it too
-    plan.refill = refill_map(units, items, rows, starts, needed)
-    return plan
 
 
-def stream_replay(log: Mapping[str, Any], epoch: int, delivered: int, where: str) -> ResumePlan:
+def stream_replay(log: Mapping[str, Any], delivered: int, where: str) -> StreamPlan:
     """A pipeline without a shuffle delivers its input in order: the plan skips the first ``delivered``
     rows (the chunk holding the next row is sent again from that row on, as refill)."""
     units = np.asarray(log["units"], dtype=np.int64)
@@ -370,13 +529,8 @@ def stream_replay(log: Mapping[str, Any], epoch: int, delivered: int, where: str
         refill = {int(units[k]): {int(items[k]): (int(rows[k]), np.arange(delivered - starts[k], rows[k]))}}
     else:
         kept, refill = min(k, len(rows)), {}
-    return ResumePlan(
-        epoch=epoch,
-        rows=delivered,
-        batches=0,
-        refill=refill,
-        resume_after=(int(units[kept - 1]), int(items[kept - 1])) if kept else None,
-        next_id=int(starts[kept]),
+    return StreamPlan(
+        read=ReadRequest(refill, (int(units[kept - 1]), int(items[kept - 1])) if kept else None),
         log=ShuffleLog(units[:kept].tolist(), items[:kept].tolist(), rows[:kept].tolist(), [], int(log.get("row_bytes", 0))),
     )
 
@@ -392,138 +546,3 @@ def refill_map(
         unit, item = int(units[chunk]), int(items[chunk])
         out.setdefault(unit, {})[item] = (int(rows[chunk]), local)
     return out
-
-
-# ---- fingerprints ------------------------------------------------------------------------------------
-
-
-def _file_facts(paths: list[str]) -> list[list[Any]]:
-    import os
-
-    out = []
-    for path in paths:
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = -1
-        out.append([path, size])
-    return out
-
-
-def source_fingerprint(source: Any) -> dict[str, Any]:
-    """The facts of a source that must match for a checkpoint to apply: files and sizes, columns,
-    chunking (the shuffle's input chunks must be cut where they were)."""
-    from intune.pipeline.criteo import CriteoTsvSource
-    from intune.pipeline.sources import IterableSource, ParquetSource
-
-    if isinstance(source, ParquetSource):
-        return {
-            "kind": "parquet",
-            "files": _file_facts(source.paths),
-            "columns": list(source.columns) if source.columns is not None else None,
-            "chunk_rows": source.chunk_rows,
-            "strings": source.strings,
-        }
-    if isinstance(source, CriteoTsvSource):
-        return {
-            "kind": "criteo_tsv",
-            "files": _file_facts(source.paths),
-            "chunk_rows": source.chunk_rows,
-            "block_bytes": source.block_bytes,
-            "on_error": source.on_error,
-        }
-    if isinstance(source, IterableSource):
-        return {"kind": "iterable", "name": source.name}
-    return {"kind": type(source).__name__}
-
-
-def _function_name(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def stage_fingerprint(stage: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": stage.name, "kind": stage.kind}
-    if stage.kind == "read":
-        out["source"] = source_fingerprint(stage.source)
-    elif stage.kind == "shuffle":
-        out.update(buffer_rows=stage.buffer_rows, seed=stage.seed, by=getattr(stage, "by", None))
-    elif stage.kind == "batch":
-        out.update(batch_rows=stage.batch_rows, drop_last=stage.drop_last)
-    elif stage.kind == "prefetch":
-        out.update(depth=stage.depth)
-    elif hasattr(stage, "fn"):
-        out.update(mode=stage.mode, on_error=stage.on_error, fn=_function_name(stage.fn), type=type(stage).__name__)
-    else:
-        out["type"] = type(stage).__name__
-    return out
-
-
-def fingerprint(pipe: Pipeline) -> dict[str, Any]:
-    shard = pipe.shard
-    return {
-        "deterministic": pipe.deterministic,
-        "shard": None if shard is None else {"rank": shard.rank, "world_size": shard.world_size, "uneven": shard.uneven},
-        "stages": [stage_fingerprint(s) for s in pipe._stages],
-    }
-
-
-def differences(saved: Any, here: Any, path: str = "") -> list[str]:
-    """Where two fingerprints differ, as ``path: saved vs here`` lines."""
-    if isinstance(saved, Mapping) and isinstance(here, Mapping):
-        out = []
-        for key in sorted(set(saved) | set(here)):
-            sub = f"{path}.{key}" if path else str(key)
-            if key not in saved or key not in here:
-                out.append(f"{sub}: {'missing' if key not in saved else repr(saved[key])} in the checkpoint, "
-                           f"{'missing' if key not in here else repr(here[key])} here")
-            else:
-                out.extend(differences(saved[key], here[key], sub))
-        return out
-    if isinstance(saved, list) and isinstance(here, list) and len(saved) == len(here):
-        out = []
-        for i, (a, b) in enumerate(zip(saved, here, strict=True)):
-            out.extend(differences(a, b, f"{path}[{i}]"))
-        return out
-    if saved != here:
-        return [f"{path}: {saved!r} in the checkpoint, {here!r} here"]
-    return []
-
-
-def _describe_stages(prints: list[dict[str, Any]]) -> str:
-    return " -> ".join(f"{p.get('name')}({p.get('kind')})" for p in prints)
-
-
-def check_fingerprint(saved: Mapping[str, Any], here: Mapping[str, Any]) -> None:
-    diffs = differences(saved, here)
-    if not diffs:
-        return
-    if len(saved.get("stages", [])) != len(here.get("stages", [])):
-        diffs = [
-            f"stages: {_describe_stages(saved.get('stages', []))} in the checkpoint, "
-            f"{_describe_stages(here.get('stages', []))} here"
-        ] + [d for d in diffs if not d.startswith("stages")]
-    shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
-    raise CheckpointError(f"the checkpoint is from another pipeline: {shown}")
-
-
-# ---- what can be resumed -----------------------------------------------------------------------------
-
-
-def check_resumable(pipe: Pipeline) -> None:
-    """Raise ``ResumeError`` for a pipeline whose epochs a checkpoint cannot resume exactly."""
-    if not pipe.deterministic:
-        raise ResumeError(
-            "state_dict() needs deterministic=True: with deterministic=False chunks overtake each other, so "
-            "the rows after a position depend on timing and cannot be found again"
-        )
-    kinds = [s.kind for s in pipe._stages]
-    shuffles = [s for s in pipe._stages if s.kind == "shuffle"]
-    if len(shuffles) > 1 or (not shuffles and "batch" not in kinds):
-        raise ResumeError(
-            f"state_dict() needs one shuffle stage, or with no shuffle a batch stage (the stage that records "
-            f"the epoch's input); this pipeline is {' -> '.join(kinds)}"
-        )
-    known = {"read", "map", "shuffle", "batch", "prefetch"}
-    for stage in pipe._stages:
-        if stage.kind not in known:
-            raise ResumeError(f"state_dict(): stage {stage.name!r} of kind {stage.kind!r} has no resume rule")

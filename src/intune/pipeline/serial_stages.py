@@ -3,13 +3,18 @@
 Owns how each turns its input channel into its output channel for an epoch, and the ``buffer_mb``
 knobs of shuffle and prefetch: the shuffle's capacity in rows is ``min(buffer_rows, buffer_mb of
 rows)`` (re-read at every chunk, so a smaller knob lets rows out at once) and the prefetch queue holds
-at most ``depth`` items and ``buffer_mb`` bytes. The shuffle also keeps the epoch's log and follows a
-resume's plan (``resume``). The algorithms themselves are in ``shuffle`` and ``batcher``. It must not know about pools or processes.
+at most ``depth`` items and ``buffer_mb`` bytes. Each owns its part of a pipeline's state: the shuffle
+keeps the epoch's input log, and its ``load_state_dict`` checks a state's log against its bounds and
+replays it (``resume``); a batch stage does the same for a pipeline without a shuffle; prefetch keeps
+nothing. A subclass of the shuffle changes its buffer and how a resume rebuilds it (``new_buffer``,
+``restore``, ``replay_log``: RecD's session shuffle, ``intune.recd.session_shuffle``). The algorithms
+themselves are in ``shuffle`` and ``batcher``. It must not know about pools or processes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -18,38 +23,97 @@ from intune.pipeline.batcher import Batcher
 from intune.pipeline.channel import Channel, Item
 from intune.pipeline.chunks import Origin, nbytes, num_rows
 from intune.pipeline.errors import PipelineError
-from intune.pipeline.resume import ANCHOR_MIN_SPACING, DRAIN, INIT, RESIZE, ShuffleLog
-from intune.pipeline.session_resume import DRAIN as SESSION_DRAIN
-from intune.pipeline.session_resume import LoggedSessions, redo
+from intune.pipeline.resume import (
+    ANCHOR_MIN_SPACING,
+    DRAIN,
+    INIT,
+    RECUTS,
+    REORDERS,
+    RESIZE,
+    ROW_WISE,
+    Position,
+    ResumeError,
+    ShuffleLog,
+    ShufflePlan,
+    StreamPlan,
+    check_log,
+    replay,
+    stream_replay,
+)
 from intune.pipeline.shuffle import IDS, ShuffleBuffer
 from intune.pipeline.stages import EpochContext, Stage, sequential_loop
 from intune.units import MB
+
+
+def input_log_state(stage: Stage, epoch: EpochContext, delivered: int) -> dict[str, Any]:
+    """The epoch's input log at the consumer's position ``delivered``, for the stage that keeps it."""
+    log = epoch.shuffle_log
+    if log is None:
+        raise ResumeError(f"epoch {epoch.index} has no input log to resume from (stage {stage.name!r} keeps none)")
+    return log.snapshot(delivered)
 
 
 class ShuffleStage(Stage):
     """tf.data-style buffered shuffle; capacity = min(buffer_rows, buffer_mb of rows)."""
 
     kind = "shuffle"
+    resume_role = REORDERS
 
-    def __init__(
-        self,
-        name: str,
-        buffer_rows: int,
-        seed: int,
-        buffer_mb: int,
-        max_mb: int,
-        buffer_factory: Callable[[np.random.Generator, int], ShuffleBuffer] | None = None,
-        min_mb: int = 1,
-        by: str | None = None,
-    ) -> None:
+    def __init__(self, name: str, buffer_rows: int, seed: int, buffer_mb: int, max_mb: int, min_mb: int = 1) -> None:
         super().__init__(name)
-        self.by = by  # the session column of a session shuffle (RecD), else None
-        self._buffer_factory = buffer_factory or ShuffleBuffer
         self.buffer_rows = buffer_rows
         self.seed = seed
         self._mb = buffer_mb
-        self._buffer: ShuffleBuffer | None = None
+        self._buffer: Any = None  # the epoch's buffer (a ``ShuffleBuffer``, or a subclass's)
+        self._resume: ShufflePlan | None = None  # loaded (``load_state_dict``), taken by the next start
         self.knobs.append(Knob(f"{name}.buffer_mb", "mb", min_mb, max_mb, lambda: self._mb, self._set_mb))
+
+    # ---- its part of a pipeline's state ---------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "buffer_rows": self.buffer_rows, "seed": self.seed}
+
+    def state_dict(self, epoch: EpochContext, delivered: int) -> dict[str, Any]:
+        return input_log_state(self, epoch, delivered)
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, position: Position) -> None:
+        """Check a state's log against this stage (capacities up to ``buffer_rows``) and the source
+        (chunk sizes, read addresses), replay it, and keep the plan for the next epoch; the read stage
+        gets the rows to read again (``position.read``)."""
+        self._resume = None
+        if state is None:
+            return
+        plan = self.replay_log(state, position)
+        position.read = plan.read
+        self._resume = plan
+
+    def replay_log(self, state: Mapping[str, Any], position: Position) -> ShufflePlan:
+        """A state's log checked, then replayed on row ids (``resume.replay``)."""
+        where = f"{position.where}: shuffle"
+        check_log(state, position.source, self.buffer_rows, where, steps_allowed=True)
+        if "releases" in state:
+            raise ResumeError(f"{where}: the log of a session shuffle (shuffle(by=...)); this stage shuffles rows")
+        return replay(state, self.seed, position.epoch, position.rows, position.where)
+
+    # ---- what a subclass changes ------------------------------------------------------------------
+    def new_buffer(self, rng: np.random.Generator, capacity: int, log: ShuffleLog, taken: int) -> Any:
+        """The epoch's buffer (``taken``: row ids added before it, for a buffer that counts them)."""
+        return ShuffleBuffer(rng, capacity)
+
+    def restore(self, plan: ShufflePlan, rng: np.random.Generator, log: ShuffleLog, rows: dict) -> tuple[Any, list[dict], bool]:
+        """A resume's buffer rebuilt from the refill ``rows`` (ids ascending): ``(buffer or None, the
+        rows to let out first, whether the drain is done)``. The slot buffer takes its rows in the
+        replay's slot order; the straddle (let out, not delivered) goes first."""
+        released = []
+        if len(plan.straddle_ids):
+            at = np.searchsorted(plan.refill_ids, plan.straddle_ids)
+            released.append({n: c[at] for n, c in rows.items()})
+        buf = None
+        if plan.buffer_ids is not None:
+            buf = ShuffleBuffer(rng, plan.capacity)
+            if len(plan.buffer_ids):
+                at = np.searchsorted(plan.refill_ids, plan.buffer_ids)
+                buf.restore({n: c[at] for n, c in rows.items()})
+        return buf, released, False
 
     def _set_mb(self, value: int) -> None:
         self._mb = value
@@ -79,8 +143,8 @@ class ShuffleStage(Stage):
 
         Every step that draws from the generator outside ``add`` (the buffer's creation, a capacity
         change or a shrink's release, the drain) is logged before its rows leave, and every input
-        chunk's read address and rows before it is added. A resumed epoch (``epoch.resume``) first
-        takes the refill rows the read stage sends, rebuilds the buffer in the replay's slot order,
+        chunk's read address and rows before it is added. A resumed epoch (the plan ``load_state_dict``
+        kept) first takes the refill rows the read stage sends, rebuilds the buffer in the replay's slot order,
         lets out the straddle (rows let out but not delivered before the checkpoint), then applies
         the logged steps at their positions up to where the checkpointed run had got (a knob change
         it saw is applied where it applied it), and only then follows the live knob.
@@ -88,9 +152,9 @@ class ShuffleStage(Stage):
         assert inp is not None
         out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
         self._out = out
-        plan = epoch.resume
-        rng = plan.rng if plan is not None and plan.rng is not None else np.random.default_rng([self.seed, epoch.index])
-        log = plan.log if plan is not None and plan.log is not None else ShuffleLog()
+        plan, self._resume = self._resume, None
+        rng = plan.rng if plan is not None else np.random.default_rng([self.seed, epoch.index])
+        log = plan.log if plan is not None else ShuffleLog()
         epoch.shuffle_log = log
         if plan is not None:
             log.pending = list(plan.pending)  # steps the checkpointed run had taken ahead of its consumer
@@ -102,7 +166,7 @@ class ShuffleStage(Stage):
             "drained": any(e[1] == DRAIN for e in log.events),
             "refilled": plan is None,
             "refill": [],
-            "emitted": plan.rows if plan is not None else 0,  # rows let out so far, epoch-global
+            "emitted": plan.delivered if plan is not None else 0,  # rows let out so far, epoch-global
             "anchor_k": log.position,  # chunks added when the last anchor was taken
         }
         table = epoch.table
@@ -117,17 +181,14 @@ class ShuffleStage(Stage):
                 items.append(Item(chunk, Origin((), ids, table), len(ids), nbytes(chunk)))
             return items
 
-        def new_buffer(capacity: int, logged: bool = False) -> ShuffleBuffer:
+        def new_buffer(capacity: int, logged: bool = False) -> Any:
             if not logged:
                 log.event(INIT, capacity)
-            buf = self._buffer_factory(rng, capacity)
-            if self.by is not None:  # a session shuffle logs its releases instead (``session_resume``)
-                log.sessions = True
-                buf = LoggedSessions(buf, log, rng, taken=table.total)  # type: ignore[assignment]
+            buf = self.new_buffer(rng, capacity, log, table.total)
             state["buffer"] = self._buffer = buf
             return buf
 
-        def resize(buf: ShuffleBuffer, capacity: int) -> list[dict]:
+        def resize(buf: Any, capacity: int) -> list[dict]:
             # a shrink lets rows out a chunk's worth at a time (see ShuffleBuffer.resize)
             if capacity == buf.capacity and buf.size <= capacity:
                 return []  # draws nothing, changes nothing: not a step
@@ -168,21 +229,10 @@ class ShuffleStage(Stage):
                 names = chunks[0].keys()
                 rows = {n: np.concatenate([c[n] for c in chunks]) for n in names}
                 rows[IDS] = plan.refill_ids
-            if plan.session_redo is not None:  # a session shuffle: redo the release the position is in
-                sessions = LoggedSessions(self._buffer_factory(rng, plan.capacity), log, rng)
-                state["buffer"] = self._buffer = sessions
-                state["drained"] = plan.session_redo["kind"] == SESSION_DRAIN
-                return redo(plan, sessions, rows)
-            released = []
-            if len(plan.straddle_ids):
-                at = np.searchsorted(plan.refill_ids, plan.straddle_ids)
-                released.append({n: c[at] for n, c in rows.items()})
-            if plan.buffer_ids is not None:
-                buf = self._buffer_factory(rng, plan.capacity)
+            buf, released, drained = self.restore(plan, rng, log, rows)
+            if buf is not None:
                 state["buffer"] = self._buffer = buf
-                if len(plan.buffer_ids):
-                    at = np.searchsorted(plan.refill_ids, plan.buffer_ids)
-                    buf.restore({n: c[at] for n, c in rows.items()})
+            state["drained"] = state["drained"] or drained
             return released
 
         def on_item(item: Item) -> list[Item]:
@@ -259,15 +309,33 @@ class BatchStage(Stage):
     """Rebatches to exactly ``batch_rows`` rows (the last batch short unless ``drop_last``)."""
 
     kind = "batch"
+    resume_role = RECUTS
 
     def __init__(self, name: str, batch_rows: int, drop_last: bool) -> None:
         super().__init__(name)
         self.batch_rows = batch_rows
         self.drop_last = drop_last
         self._batcher: Batcher | None = None
-        # with no shuffle before it, the batch stage keeps the epoch's input log (``resume``): the
-        # pipeline sets this when an epoch starts
-        self.logs_input = False
+        self._resume: StreamPlan | None = None  # loaded (``load_state_dict``), taken by the next start
+
+    # ---- its part of a pipeline's state (a pipeline without a shuffle) --------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "batch_rows": self.batch_rows, "drop_last": self.drop_last}
+
+    def state_dict(self, epoch: EpochContext, delivered: int) -> dict[str, Any]:
+        return input_log_state(self, epoch, delivered)
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, position: Position) -> None:
+        """The input log of a pipeline without a shuffle: checked against the source, then the plan
+        that skips the delivered rows (``resume.stream_replay``); None for a batch stage after a shuffle
+        (its batches are cut again from the shuffle's resumed output)."""
+        self._resume = None
+        if state is None:
+            return
+        check_log(state, position.source, 1, f"{position.where}: shuffle", steps_allowed=False)
+        plan = stream_replay(state, position.rows, position.where)
+        position.read = plan.read
+        self._resume = plan
 
     def detach(self) -> None:
         super().detach()
@@ -285,11 +353,10 @@ class BatchStage(Stage):
         out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
         self._out = out
         batcher = self._batcher = Batcher(self.batch_rows, self.drop_last)
+        plan, self._resume = self._resume, None
         log: ShuffleLog | None = None
-        if self.logs_input:
-            plan = epoch.resume
-            log = plan.log if plan is not None and plan.log is not None else ShuffleLog()
-            epoch.shuffle_log = log
+        if epoch.shuffle_log is None:  # no stage before it keeps the epoch's input log: this one does
+            log = epoch.shuffle_log = plan.log if plan is not None else ShuffleLog()
 
         def wrap(pairs: list[tuple[dict, Origin]]) -> list[Item]:
             return [Item(c, o, num_rows(c), nbytes(c)) for c, o in pairs]
@@ -327,12 +394,16 @@ class PrefetchStage(Stage):
     """
 
     kind = "prefetch"
+    resume_role = ROW_WISE
 
     def __init__(self, name: str, depth: int, buffer_mb: int, max_mb: int) -> None:
         super().__init__(name)
         self.depth = depth
         self._mb = buffer_mb
         self.knobs.append(Knob(f"{name}.buffer_mb", "mb", 1, max_mb, lambda: self._mb, self._set_mb))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "depth": self.depth}
 
     def _set_mb(self, value: int) -> None:
         self._mb = value

@@ -1,8 +1,11 @@
-"""Resuming a session shuffle (``shuffle(by=...)``, RecD): its releases logged, and the one to redo.
+"""Resuming a shuffle that releases windows (RecD's session shuffle, ``shuffle(by=...)``): its releases
+logged, checked, and the one to redo.
 
-Owns ``LoggedSessions`` (a ``SessionShuffleBuffer`` whose releases are recorded) and
-``session_replay`` (the plan a resumed epoch follows). It must not change how sessions are shuffled
-(``intune.recd.session_shuffle`` owns that) nor read data.
+Owns ``LoggedSessions`` (a window buffer whose releases are recorded), ``check_sessions`` (a state's
+releases bounded before anything is replayed), ``session_replay`` (the ``SessionPlan`` a resumed epoch
+follows) and ``redo``. ``intune.recd.session_shuffle.SessionShuffleStage`` calls them from its own
+``load_state_dict`` and ``start``. It must not change how sessions are shuffled (``intune.recd`` owns
+that) nor read data.
 
 Why not the row-id replay of ``resume``: a session buffer's draw is a permutation of the sessions in a
 window, and how many sessions a window holds depends on the session ids' values, which a replay on row
@@ -18,16 +21,34 @@ the rows delivered before the checkpoint and continues with the input after the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from intune.checkpoint import CheckpointError
 from intune.pipeline.chunks import num_rows
-from intune.pipeline.resume import ResumePlan, ShuffleLog, generator_at, refill_map, rng_state, steps
+from intune.pipeline.resume import (
+    ReadRequest,
+    ShuffleLog,
+    ShufflePlan,
+    SourceBounds,
+    check_log,
+    int_array,
+    refill_map,
+    steps,
+)
+from intune.rng import rng_from_state, rng_state
 
 ADD, SHRINK, DRAIN = 0, 1, 2
 _BIG = 1 << 62
+
+
+@dataclass
+class SessionPlan(ShufflePlan):
+    """A ``ShufflePlan`` whose refill is one window, and the release to redo on it (``redo``)."""
+
+    session_redo: dict[str, int] = field(default_factory=dict)
 
 
 class LoggedSessions:
@@ -87,9 +108,35 @@ class LoggedSessions:
         return out
 
 
-def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where: str) -> ResumePlan | None:
+def check_sessions(log: Any, source: SourceBounds, max_capacity: int, where: str) -> None:
+    """``check_log``'s checks, and every release bounded: its window inside the log's rows and no wider
+    than two buffers and two chunks, its kind and sizes, its generator state; ``where`` names the log."""
+    check_log(log, source, max_capacity, where, steps_allowed=True)
+    if "releases" not in log or "rng_states" not in log:
+        raise CheckpointError(f"{where}: a session shuffle's log lacks its releases (releases, rng_states)")
+    releases = int_array(log["releases"], f"{where}.releases", -1, _BIG, columns=8)
+    states = log["rng_states"]
+    if not isinstance(states, list) or len(states) != len(releases):
+        raise CheckpointError(f"{where}.rng_states: {len(states) if isinstance(states, list) else type(states).__name__} states for {len(releases)} releases")
+    total = int(np.asarray(log["rows"], dtype=np.int64).sum())
+    widest = 2 * (max_capacity + source.max_chunk_rows)  # a window: held rows (a buffer and a session) and a chunk
+    for i, (emitted, let_out, first, end, kind, arg, capacity, after) in enumerate(releases.tolist()):
+        name = f"{where}.releases[{i}]"
+        if min(emitted, let_out, first) < 0 or not first <= end <= total or end - first > widest:
+            raise CheckpointError(f"{name}: window [{first}, {end}) outside the log's {total} rows or wider than {widest}")
+        if let_out > end - first or kind not in (ADD, SHRINK, DRAIN):
+            raise CheckpointError(f"{name}: {let_out} rows let out of a {end - first}-row window, kind {kind}")
+        if not (1 <= capacity <= max_capacity and 1 <= after <= max_capacity):
+            raise CheckpointError(f"{name}: capacity {capacity} -> {after} outside [1, {max_capacity}]")
+        if (kind == ADD and arg != 0) or (kind != ADD and not (arg == -1 and kind == SHRINK or 1 <= arg <= source.max_chunk_rows)):
+            raise CheckpointError(f"{name}: argument {arg} for a release of kind {kind}")
+        rng_from_state(states[i], f"{where}.rng_states[{i}]")
+
+
+def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where: str) -> SessionPlan | None:
     """The plan that redoes the release whose output holds the ``delivered``-th row (the last one that
-    starts at or before it), or None when nothing was delivered."""
+    starts at or before it) of epoch ``epoch``, or None when nothing was delivered. The log must have
+    passed ``check_sessions``."""
     if delivered <= 0:
         return None
     units = np.asarray(shuffle["units"], dtype=np.int64)
@@ -102,7 +149,7 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
     starts = np.concatenate([[0], np.cumsum(rows)])
     covering = np.flatnonzero((releases[:, 0] <= delivered) & (delivered <= releases[:, 0] + releases[:, 1]))
     if not covering.size:
-        raise CheckpointError(f"{where}: no logged session release covers the {delivered} rows delivered")
+        raise CheckpointError(f"{where}: no logged session release of epoch {epoch} covers the {delivered} rows delivered")
     r = int(covering[-1])
     emitted, _, first, end, kind, arg, capacity, capacity_after = (int(x) for x in releases[r])
     k = int(np.searchsorted(starts, end)) if end else 0  # chunks added up to the window's end
@@ -120,36 +167,35 @@ def session_replay(shuffle: Mapping[str, Any], epoch: int, delivered: int, where
         if match is None:
             raise CheckpointError(f"{where}: the session release to redo is not among the shuffle's logged steps")
         split = match + 1
-    plan = ResumePlan(
-        epoch=epoch,
-        rows=delivered,
-        batches=0,
+    return SessionPlan(
+        read=ReadRequest(
+            refill_map(units, items, rows, starts, needed), (int(units[k - 1]), int(items[k - 1])) if k else None
+        ),
+        delivered=delivered,
         refill_ids=needed,
-        rng=generator_at(states[r]),
+        buffer_ids=None,
+        straddle_ids=np.empty(0, np.int64),
+        rng=rng_from_state(states[r], f"{where}.rng_states[{r}]"),
         capacity=capacity,
         next_id=end,
         log=ShuffleLog(
             units[:k].tolist(), items[:k].tolist(), rows[:k].tolist(), events[:split], int(shuffle["row_bytes"]),
-            releases=releases[: r + 1].tolist(), rng_states=states[: r + 1], sessions=True,
+            releases=releases[: r + 1].tolist(), rng_states=[dict(s) for s in states[: r + 1]], sessions=True,
         ),
         pending=events[split:],
         logged_until=len(rows),
         chunk_rows=max(1, int(rows[:k].max()) if k else 1),
-        resume_after=(int(units[k - 1]), int(items[k - 1])) if k else None,
+        session_redo={
+            "kind": kind, "arg": arg, "capacity_after": capacity_after, "emitted": emitted,
+            "skip": delivered - emitted, "last_chunk_rows": int(rows[k - 1]) if kind == ADD and k else 0,
+        },
     )
-    plan.session_redo = {
-        "kind": kind, "arg": arg, "capacity_after": capacity_after, "emitted": emitted,
-        "skip": delivered - emitted, "last_chunk_rows": int(rows[k - 1]) if kind == ADD and k else 0,
-    }
-    plan.refill = refill_map(units, items, rows, starts, needed)
-    return plan
 
 
-def redo(plan: ResumePlan, buf: LoggedSessions, rows: dict) -> list[dict]:
+def redo(plan: SessionPlan, buf: LoggedSessions, rows: dict) -> list[dict]:
     """Load the window's rows into ``buf`` and redo its release: the rows it lets out after those
     delivered before the checkpoint."""
     info = plan.session_redo
-    assert info is not None
     n = num_rows(rows) if rows else 0
     tail = info["last_chunk_rows"]  # an add's release: the chunk that triggered it is added last
     buf.taken, buf.emitted = plan.next_id - n, info["emitted"]

@@ -11,6 +11,7 @@ words for error messages. Errors name the file. It must not know about threads, 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -43,6 +44,61 @@ class Source:
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
         return f"{self.name} unit {unit} rows {lo}-{hi}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The facts a checkpoint of an epoch over this source is only valid for (its files, chunking,
+        options); a source of its own kind says what it can (here: only its type)."""
+        return {"kind": type(self).__name__}
+
+    def max_chunk_rows(self) -> int | None:
+        """The most rows a chunk of this source holds (what a checkpoint's chunk sizes are bounded by),
+        or None where the chunks are the user's."""
+        return None
+
+
+def file_facts(paths: Sequence[str], footers: dict[str, tuple[tuple[int, int, int], str | None]] | None = None) -> list[dict[str, Any]]:
+    """Each file's path, size and modification time (ns), what a checkpoint records of its input; with
+    ``footers`` (a cache the source keeps), also the digest of each Parquet file's footer, read again only
+    when the file's size, time or inode changed (``parquet_footer_digest``).
+
+    Size and time are a stat; the footer (a few KB: every row group's offsets, sizes and column
+    statistics) changes with the content even when a rewrite keeps the byte size and the time. A file
+    that cannot be read has size -1 (the resume then refuses it)."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append({"path": path, "size": -1, "mtime_ns": -1})
+            continue
+        fact: dict[str, Any] = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if footers is not None:
+            key = (st.st_size, st.st_mtime_ns, st.st_ino)
+            cached = footers.get(path)
+            if cached is None or cached[0] != key:
+                cached = footers[path] = (key, parquet_footer_digest(path))
+            fact["footer"] = cached[1]
+        out.append(fact)
+    return out
+
+
+def parquet_footer_digest(path: str) -> str | None:
+    """The sha256 of a Parquet file's footer (its metadata, as written), or None if it has none."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            if size < 12:
+                return None
+            handle.seek(size - 8)
+            tail = handle.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or length > size - 12:
+                return None
+            handle.seek(size - 8 - length)
+            return hashlib.sha256(handle.read(length)).hexdigest()
+    except OSError:
+        return None
 
 
 def expand_paths(glob_or_paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -178,7 +234,24 @@ class ParquetSource(Source):
         self._plan: list[tuple[int, int, int]] | None = None  # (file index, row group, first row)
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._footers: dict[str, tuple[tuple[int, int, int], str | None]] = {}  # for ``fingerprint``
         self._file_schema(paths[0])  # a requested column the first file lacks fails now, not later
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The files (path, size, time, footer digest), the columns, ``chunk_rows`` (the shuffle's input
+        chunks must be cut where they were) and the strings mode."""
+        with self._lock:
+            files = file_facts(self.paths, self._footers)
+        return {
+            "kind": "parquet",
+            "files": files,
+            "columns": list(self.columns) if self.columns is not None else None,
+            "chunk_rows": self.chunk_rows,
+            "strings": self.strings,
+        }
+
+    def max_chunk_rows(self) -> int:
+        return self.chunk_rows
 
     def _open(self, path: str) -> Any:
         import pyarrow.parquet as pq
@@ -376,6 +449,11 @@ class IterableSource(Source):
         self._epochs = 0
         self.schema = schema
         self.widen = widen or schema is not None
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Its name only: a user's chunks cannot be fingerprinted (a chunk whose rows changed raises
+        when a resume reads it)."""
+        return {"kind": "iterable", "name": self.name}
 
     def stream(self) -> Iterator[Item]:
         """Every chunk, checked; with a shard, this rank's share of each (``sharding.shard_stream``)."""

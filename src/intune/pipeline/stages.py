@@ -1,14 +1,17 @@
 """Stages: the base every stage shares, and the pooled ones (read, map).
 
-Owns ``Stage`` (name, kind, knobs, counters, metrics snapshot), the one-thread loop that serial
-stages use (``sequential_loop``), and ``ReadStage`` / ``MapStage``: a resizable set of thread or
+Owns ``Stage`` (name, kind, knobs, counters, metrics snapshot, and its part in a pipeline's state:
+``resume_role``, ``fingerprint``, ``state_dict`` / ``load_state_dict``), the one-thread loop that
+serial stages use (``sequential_loop``), and ``ReadStage`` / ``MapStage``: a resizable set of thread or
 process workers behind a ``<stage>.workers`` knob, with UDF failures turned into ``StageError`` or
 skips and dead process workers restarted a bounded number of times; a map stage with ``remote="ray"``
-also runs remote workers behind ``<stage>.remote_workers`` (``remote_pool``, ``remote_ray``). The read stage stamps each chunk
-with its read address and, in a resumed epoch, reads the refill first (``resume``). A stage object lives as long as
-the pipeline (knobs, counters, parked process workers); ``start`` builds its threads and output
-channel for one epoch. The serial stages (shuffle, batch, prefetch) live in ``serial_stages``. It must
-not know about the stages around it beyond its input channel.
+also runs remote workers behind ``<stage>.remote_workers`` (``remote_pool``, ``remote_ray``). The read
+stage stamps each chunk with its read address and, in a resumed epoch, follows the ``ReadRequest`` its
+``load_state_dict`` checked against its source: the refill first, then the chunks after the
+checkpoint's (``resume``). A stage object lives as long as the pipeline (knobs, counters, parked
+process workers, a loaded state until the next epoch); ``start`` builds its threads and output channel
+for one epoch. The serial stages (shuffle, batch, prefetch) live in ``serial_stages``. It must not know
+about the stages around it beyond its input channel.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import dataclasses
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
+from intune.checkpoint import CheckpointError
 from intune.knobs import Knob
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.chunks import Chunk, Origin, RowTable, nbytes
@@ -31,12 +35,22 @@ from intune.pipeline.pool import ChunkHandling, PoolRun, ProcessPoolRun, Rescue
 from intune.pipeline.procworker import SLOTS, ProcessWorker, RemoteError
 from intune.pipeline.remote_pool import RemotePoolRun
 from intune.pipeline.remote_ray import MAX_REMOTE_WORKERS, RemoteWorkers, check_address, require_ray
+from intune.pipeline.resume import (
+    NO_RULE,
+    REPLAY_BYTES_PER_ROW,
+    ROW_WISE,
+    SOURCE,
+    Position,
+    ReadRequest,
+    ResumeError,
+    SourceBounds,
+)
 from intune.pipeline.schema import Schema
 from intune.pipeline.sources import Source
 from intune.pipeline.stats import StageStats, WorkerStats
 
 if TYPE_CHECKING:
-    from intune.pipeline.resume import ResumePlan, ShuffleLog
+    from intune.pipeline.resume import ShuffleLog
 
 STALL_AFTER_S = 30.0
 """A stage whose oldest work in hand has made no progress for this long is reported as stalled
@@ -52,8 +66,9 @@ class EpochContext(Protocol):
     pools: list[PoolRun]
     stop: threading.Event
     table: RowTable
-    resume: ResumePlan | None  # the plan a resumed epoch follows (``resume``), else None
-    shuffle_log: ShuffleLog | None  # the log a shuffle (or a shuffle-less batch stage) keeps for state_dict
+    # the epoch's input log (``resume.ShuffleLog``), kept by the first stage that re-orders or re-cuts
+    # rows (a shuffle, else a batch stage); what that stage's ``state_dict`` snapshots
+    shuffle_log: ShuffleLog | None
 
     def fail(self, exc: BaseException) -> None: ...
     def spawn(self, target: Callable[[], None], name: str) -> None: ...
@@ -61,10 +76,18 @@ class EpochContext(Protocol):
 
 
 class Stage:
-    """Base: name, kind, mode, knobs, counters; subclasses add ``start`` and their own gauges."""
+    """Base: name, kind, mode, knobs, counters; subclasses add ``start`` and their own gauges.
+
+    Resume (docs/resume.md): ``resume_role`` says how the stage's output after a checkpoint is found
+    again (``resume``'s roles; a custom stage has none, so its pipeline's ``state_dict()`` is refused),
+    ``fingerprint`` what a state of it is only valid for, ``state_dict`` its part of a pipeline's state
+    and ``load_state_dict`` takes that part back, checked against the stage before anything is
+    allocated, and keeps what its next ``start`` follows.
+    """
 
     kind = "stage"
     mode = "inline"
+    resume_role: ClassVar[str] = NO_RULE
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -75,6 +98,26 @@ class Stage:
 
     def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
         raise NotImplementedError
+
+    # ---- resume ------------------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """The facts a state of this stage is only valid for (a subclass adds its own settings)."""
+        return {"name": self.name, "kind": self.kind, "type": type(self).__name__}
+
+    def state_dict(self, epoch: EpochContext, delivered: int) -> dict[str, Any] | None:
+        """This stage's part of a pipeline's state in ``epoch`` after ``delivered`` rows (None: it keeps
+        none, its output after the position is found again from its input)."""
+        return None
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, position: Position) -> None:
+        """Take back this stage's part of a state (None: start the epoch afresh), for the next ``start``.
+
+        ``Pipeline.load_state_dict`` calls every stage, from the consumer's end back to the source, with
+        the ``Position`` the state resumes at: a stage that needs rows read again leaves its request in
+        ``position.read``. A malformed or out-of-bounds part raises ``CheckpointError`` naming the field,
+        before anything is allocated."""
+        if state is not None:
+            raise ResumeError(f"{position.where}: stage {self.name!r} of kind {self.kind!r} keeps no state")
 
     def workers(self) -> int:
         return 1
@@ -319,10 +362,48 @@ class ReadStage(PooledStage):
 
     kind = "read"
     mode = "thread"
+    resume_role = SOURCE
 
     def __init__(self, source: Source, name: str, max_workers: int) -> None:
         self.source = source
         super().__init__(name, max_workers if source.parallel else 1)
+        self._resume: ReadRequest | None = None  # loaded (``load_state_dict``), taken by the next start
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "source": self.source.fingerprint()}
+
+    def bounds(self) -> SourceBounds:
+        """What a state's read addresses and chunk sizes may be: its units (a parallel source's; planning
+        them reads the files' metadata) and the most rows a chunk holds. A source that does not fix its
+        chunk size is bounded by memory: a replay of a chunk must fit in the memory this process may use
+        now (``resume.REPLAY_BYTES_PER_ROW`` a row)."""
+        units = self.source.units() if self.source.parallel else None
+        rows = self.source.max_chunk_rows()
+        if rows is None:
+            from intune.monitor import memory_usage
+
+            used, limit = memory_usage()
+            rows = max(1, (limit - used) // REPLAY_BYTES_PER_ROW)
+        return SourceBounds(units, rows)
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, position: Position) -> None:
+        """Follow ``position.read`` (left by the stage that keeps the epoch's input log) at the next
+        start, its addresses checked against the source: a unit it does not have, or a chunk other than
+        #0 of a stream's item, raises ``CheckpointError``."""
+        super().load_state_dict(state, position)
+        request = position.read
+        if request is not None:
+            units = position.source.units
+            addresses = [(u, i) for u, chunks in request.refill.items() for i in chunks]
+            addresses += [request.after] if request.after is not None else []
+            for unit, item in addresses:
+                if unit < 0 or (units is not None and unit >= units) or item < 0 or (units is None and item):
+                    have = f"{units} read units" if units is not None else "one stream (item 0 of each chunk)"
+                    raise CheckpointError(
+                        f"{position.where}: shuffle.units / shuffle.items name read unit {unit} chunk {item}, "
+                        f"but stage {self.name!r} reads {have}"
+                    )
+        self._resume = request
 
     def queue_capacity(self) -> int:
         return self.window() if self.source.parallel else 2
@@ -336,15 +417,15 @@ class ReadStage(PooledStage):
     def start(self, epoch: EpochContext, inp: Channel | None) -> Channel:
         """Read the source for an epoch; every chunk's origin carries its read address ``read_at``.
 
-        A resumed epoch (``epoch.resume``, see ``resume``) first sends the refill (the rows the
-        checkpoint's shuffle buffer held, read again, marked ``refill``), then the chunks after the
+        A resumed epoch (the ``ReadRequest`` loaded, see ``resume``) first sends the refill (the rows
+        the checkpoint's shuffle buffer held, read again, marked ``refill``), then the chunks after the
         last one the checkpointed shuffle had added. A stream is read from its start again: the chunks
         before that point are read only to take their refill rows (the documented cost of a source
         without random access).
         """
-        plan = epoch.resume
-        refill = plan.refill if plan is not None else {}
-        after = plan.resume_after if plan is not None else None
+        request, self._resume = self._resume, None
+        refill = request.refill if request is not None else {}
+        after = request.after if request is not None else None
         if not self.source.parallel:
             out = epoch.channel(f"{self.name}.out", max_items=lambda: 2)
             self._out = out
@@ -389,39 +470,45 @@ class ReadStage(PooledStage):
             return out
         units = self.source.units()
         feed = epoch.channel(f"{self.name}.units")
-        for unit in sorted(refill):
+        for unit in sorted(refill):  # a unit holding refill rows, and its chunks after ``after`` if it is its unit
             keep_from = after[1] + 1 if after is not None and after[0] == unit else None
-            feed.put([Item(("refill", unit, keep_from), None, 0, 0)])
+            feed.put([Item(ReadTask(unit, keep_from, refill[unit]), None, 0, 0)])
         first = 0 if after is None else after[0]
         for unit in range(first, units):
             if after is not None and unit == after[0]:
-                if unit not in refill:  # else the refill task sends this unit's items after after[1]
-                    feed.put([Item(("from", unit, after[1] + 1), None, 0, 0)])
+                if unit not in refill:  # else its refill task sends its chunks after after[1]
+                    feed.put([Item(ReadTask(unit, after[1] + 1), None, 0, 0)])
                 continue
-            feed.put([Item(unit, None, 0, 0)])
+            feed.put([Item(ReadTask(unit), None, 0, 0)])
         feed.finish()
         source = self.source
 
         def read(index: int, item: Item, stats: WorkerStats) -> list[Item]:
-            task = item.chunk
-            if isinstance(task, int):
-                return [stamped(it, task, i) for i, it in enumerate(source.read_unit(task))]
-            kind, unit, keep_from = task
-            got = source.read_unit(unit)
+            task: ReadTask = item.chunk
+            got = source.read_unit(task.unit)
             out = []
-            if kind == "refill":
-                for i, wanted in sorted(refill[unit].items()):
-                    if i >= len(got):
-                        raise SourceError(
-                            f"resume: {source.describe(unit, 0, 0)} gave {len(got)} chunks, the checkpoint needs "
-                            f"rows of chunk {i} (the data changed since the checkpoint)"
-                        )
-                    out.append(refill_item(got[i], wanted, unit, i))
-            if keep_from is not None:
-                out.extend(stamped(it, unit, i) for i, it in enumerate(got) if i >= keep_from)
+            for i, wanted in sorted(task.refill.items()):
+                if i >= len(got):
+                    raise SourceError(
+                        f"resume: {source.describe(task.unit, 0, 0)} gave {len(got)} chunks, the checkpoint needs "
+                        f"rows of chunk {i} (the data changed since the checkpoint)"
+                    )
+                out.append(refill_item(got[i], wanted, task.unit, i))
+            if task.keep_from is not None:
+                out.extend(stamped(it, task.unit, i) for i, it in enumerate(got) if i >= task.keep_from)
             return out
 
         return self._start_pool(epoch, feed, read)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadTask:
+    """One unit for a read worker: its chunks from ``keep_from`` on, whole (None: none of them), and
+    first the rows ``refill`` names of some of its chunks (``{chunk: (rows read then, local indices)}``)."""
+
+    unit: int
+    keep_from: int | None = 0
+    refill: Mapping[int, tuple[int, np.ndarray]] = dataclasses.field(default_factory=dict)
 
 
 def stamped(item: Item, unit: int, index: int) -> Item:
@@ -451,6 +538,7 @@ class MapStage(PooledStage):
     """Applies a chunk -> chunk function in thread or process workers."""
 
     kind = "map"
+    resume_role = ROW_WISE
 
     def __init__(
         self,
@@ -505,6 +593,11 @@ class MapStage(PooledStage):
                     self._set_remote_workers,
                 )
             )
+
+    def fingerprint(self) -> dict[str, Any]:
+        fn = self.fn
+        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+        return {**super().fingerprint(), "mode": self.mode, "on_error": self.on_error, "fn": name}
 
     def _get_remote_workers(self) -> int:
         return self._remote_target
