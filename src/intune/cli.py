@@ -24,7 +24,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "dataloader"), "intune.bench.dataloader", "intune.DataLoader vs torch's DataLoader on a per-row dataset"),
     (("bench", "resume"), "intune.bench.resume", "checkpoint size and time, resume to the first batch, rows/s after a resume"),
     (("bench", "scale"), "intune.bench.scale", "remote workers sized by every policy: simulated pools up to 64 nodes, a real Ray cluster"),
-    (("pretrain",), "intune.agent.pretrain", "pretrain the DQN agent in the simulator"),
+    (("pretrain",), "intune.agent.pretrain", "pretrain the agent's network in the simulator"),
     (("sim", "calibrate"), "intune.sim.calibrate", "fit the simulator to the real engine and check its predictions"),
     (("data", "generate"), "intune.dlrm.datagen_cli", "generate Criteo-format data (Parquet or TSV)"),
     (("data", "convert"), "intune.dlrm.convert_cli", "convert Criteo TSV files to Parquet"),

@@ -35,11 +35,11 @@ from intune.results import format_table, machine_info, write_json
 
 HELD_OUT_SEEDS = (20_231_117, 777)
 """Seeds of the held-out random specs; pretraining draws from its --seed (0 for the shipped weights) and
-seed + 1,000,003, never these. 777 is the reviewer's."""
+seed + 1,000,003, never these."""
 WAITING_STREAM = 1
 """The held-out seed's second stream (``default_rng([seed, WAITING_STREAM])``) draws the specs with a
 waiting map stage, so that they are neither the held-out specs nor pretraining's."""
-OOM_SEED = 20_231_118  # the tight-memory episodes' generator (the old benchmark's HELD_OUT_SEED + 1)
+OOM_SEED = 20_231_118  # the tight-memory episodes' generator
 POLICIES = (
     "intune",
     "steer",
