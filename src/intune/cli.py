@@ -68,6 +68,12 @@ def _configure(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse
     return parser.parse_args(argv)
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` (the arguments after ``intune``) parsed as ``main`` parses them, its command's options
+    included, without running it: ``_module`` names the command's module."""
+    return _configure(build_parser(), list(argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
