@@ -1,4 +1,4 @@
-"""intune: a live-resizable input pipeline for recommendation-model training, tuned by a DQN agent.
+"""intune: a live-resizable input pipeline for recommendation-model training, and the policies that tune it.
 
 Public API: ``Pipeline`` (the engine), ``Knob``, ``monitor`` (machine metrics), ``tune`` (run a
 policy on a live pipeline). Names resolve lazily so that ``import intune`` stays cheap and does not

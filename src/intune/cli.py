@@ -25,7 +25,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "resume"), "intune.bench.resume", "checkpoint size and time, resume to the first batch, rows/s after a resume"),
     (("bench", "fidelity"), "intune.bench.fidelity", "the simulator's Observation against the engine's, field by field"),
     (("bench", "scale"), "intune.bench.scale", "remote workers sized by every policy: simulated pools up to 64 nodes, a real Ray cluster"),
-    (("pretrain",), "intune.agent.pretrain", "pretrain the DQN agent in the simulator"),
+    (("pretrain",), "intune.agent.pretrain", "pretrain the agent's network in the simulator"),
     (("sim", "calibrate"), "intune.sim.calibrate", "fit the simulator to the real engine and check its predictions"),
     (("data", "generate"), "intune.dlrm.datagen_cli", "generate Criteo-format data (Parquet or TSV)"),
     (("data", "convert"), "intune.dlrm.convert_cli", "convert Criteo TSV files to Parquet"),
@@ -67,6 +67,12 @@ def _configure(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse
     module = importlib.import_module(module_name)
     module.configure(sub)
     return parser.parse_args(argv)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` (the arguments after ``intune``) parsed as ``main`` parses them, its command's options
+    included, without running it: ``_module`` names the command's module."""
+    return _configure(build_parser(), list(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -139,8 +139,8 @@ class AgentConfig:
     imitation_weigh_holds: bool = False
     """True: a knob at its target weighs what its costlier move one step away would cost
     (``teacher.label_weights``; ``intune pretrain --weigh-holds``). False: the floor. Off by default: the
-    one network pretrained with it (``benchmarks/candidate-waiting-share/holds/``) no longer swaps a
-    worker between two stages and back, but validated lower (0.82 against 0.89) and learned to hold."""
+    one network pretrained with it no longer swapped a worker between two stages and back, but validated
+    lower (0.82 against 0.89) and learned to hold (``docs/experiments.md``)."""
 
     imitation_regret_weight: float = 0.0
     """Weight of a second imitation loss term: each knob's expected cost under the network's softmax over

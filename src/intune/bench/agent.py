@@ -35,11 +35,11 @@ from intune.results import format_table, machine_info, write_json
 
 HELD_OUT_SEEDS = (20_231_117, 777)
 """Seeds of the held-out random specs; pretraining draws from its --seed (0 for the shipped weights) and
-seed + 1,000,003, never these. 777 is the reviewer's."""
+seed + 1,000,003, never these."""
 WAITING_STREAM = 1
 """The held-out seed's second stream (``default_rng([seed, WAITING_STREAM])``) draws the specs with a
 waiting map stage, so that they are neither the held-out specs nor pretraining's."""
-OOM_SEED = 20_231_118  # the tight-memory episodes' generator (the old benchmark's HELD_OUT_SEED + 1)
+OOM_SEED = 20_231_118  # the tight-memory episodes' generator
 POLICIES = (
     "intune",
     "steer",
@@ -466,18 +466,30 @@ def losses(rows: list[dict[str, Any]], periods: Sequence[int], name: str = "intu
 # ----------------------------------------------------------------------------------------------- run
 
 
-def _ablations(specs: list[str]) -> dict[str, str]:
+def _ablation_paths(specs: list[str]) -> dict[str, str]:
+    """``--ablation NAME=WEIGHTS`` options as name -> weights path (not loaded)."""
     out = {}
     for item in specs:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise SystemExit(f"--ablation wants NAME=WEIGHTS, got {item!r}")
+        out[name] = path
+    return out
+
+
+def _ablations(specs: list[str]) -> dict[str, str]:
+    out = _ablation_paths(specs)
+    for name, path in out.items():
         try:
             make("intune", weights=path)  # fail early, naming the file
         except (OSError, ValueError) as e:
             raise SystemExit(f"--ablation {name}: {e}") from e
-        out[name] = path
     return out
+
+
+def read_files(args: argparse.Namespace) -> list[str]:
+    """Files this command reads (``intune.bench.files``): the ablation networks' weights."""
+    return list(_ablation_paths(args.ablation).values())
 
 
 def _available(wanted: Sequence[str], ablations: dict[str, str]) -> tuple[list[str], list[str]]:

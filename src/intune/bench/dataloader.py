@@ -211,7 +211,7 @@ def best_torch(summary: Sequence[Mapping[str, Any]], key: str, highest: bool) ->
 def headline(
     results: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]], tune: str, cpus: float
 ) -> dict[str, Any]:
-    """The issue's figures: the ratios to torch at ``num_workers=CPUs`` and at its best, the fraction of
+    """The headline figures: the ratios to torch at ``num_workers=CPUs`` and at its best, the fraction of
     the CPU bound, and memory against torch at its best."""
     ours = Entry("intune", tune)
     at_cpus = Entry("torch", f"num_workers={max(1, round(cpus))}")

@@ -22,6 +22,7 @@ from typing import Any
 from intune.results import format_table
 
 Rows = Sequence[Mapping[str, Any]]
+NOT_RECORDED = " (called from Python; options not recorded)"
 
 
 def command_line(path: Sequence[str], argv: Sequence[str] | None = None) -> str:
@@ -34,7 +35,7 @@ def command_line(path: Sequence[str], argv: Sequence[str] | None = None) -> str:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if args[: len(path)] != list(path):
-        return shlex.join(["intune", *path]) + " (called from Python; options not recorded)"
+        return shlex.join(["intune", *path]) + NOT_RECORDED
     return shlex.join(["intune", *args])
 
 
@@ -91,6 +92,16 @@ def render(
     for part in sections:
         lines += part
     return "\n".join(lines)
+
+
+def recorded_command(text: str) -> list[str] | None:
+    """The arguments after ``intune`` of the command a report written by ``render`` records on its first
+    line; None where the report records none (a command called from Python, or not a report)."""
+    first = text.partition("\n")[0]
+    if not (first.startswith("# `intune ") and first.endswith("`")) or first.endswith(NOT_RECORDED + "`"):
+        return None
+    args = shlex.split(first[len("# `") : -1])
+    return args[1:]
 
 
 def write(path: str | os.PathLike[str], text: str) -> Path:

@@ -1,5 +1,5 @@
 """``intune bench scale``: remote workers sized by every policy, in the simulator up to 64 nodes and on a
-real Ray cluster (issue 20).
+real Ray cluster.
 
 Simulator section. Each case is a workload, a trainer machine (its CPUs) and a remote pool (nodes of
 ``cpus_per_node`` CPUs on the remote map stage), run by every policy for ``TICKS`` ticks from the same
@@ -14,7 +14,7 @@ alone: its demand is 4x the oracle's best local-only rows/s (no remote worker). 
 - ``reach_ticks``: first tick from which the rows/s stay >= 95% of the need for 5 ticks;
 - ``refit_ticks``: ticks after the loss until they do again (0 if they never fell below);
 - ``remote_after``, ``ratio_after``: the same as above over the last 40 ticks, after the loss;
-- ``meets``: the issue's targets: >= 95% of the need, <= 1.15x the oracle's remote CPUs, within 60 ticks
+- ``meets``: the targets: >= 95% of the need, <= 1.15x the oracle's remote CPUs, within 60 ticks
   (``reach_ticks`` and the window's means), and a re-fit within 30 ticks of the loss.
 
 Without a known demand (model latency 0), the shared min-gain rule applies

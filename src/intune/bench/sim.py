@@ -155,6 +155,14 @@ def simulator_speed(seconds: float = 1.0) -> tuple[float, float]:
     return n / (time.perf_counter() - start), n / max(time.process_time() - cpu0, 1e-9)
 
 
+def written_files(args: argparse.Namespace) -> list[str]:
+    """Files this command writes besides ``--json``, ``--md`` and ``--plot`` (``intune.bench.files``)."""
+    from intune.sim.plots import figure8_path
+
+    with_figure8 = args.plot and not args.workload and not args.no_fig8
+    return [str(figure8_path(args.plot))] if with_figure8 else []
+
+
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     period = args.period or (120 if args.quick else 600)

@@ -1,4 +1,4 @@
-"""``intune bench tune``: tuning policies on the real engine on this machine (issue 4, items 6-8).
+"""``intune bench tune``: tuning policies on the real engine on this machine.
 
 1. convergence: an exhaustive search over the worker allocations finds the best rows/s of the
    benchmark pipeline (``tune_workload``); then every policy runs live from the even split and we

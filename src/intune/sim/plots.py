@@ -71,5 +71,10 @@ def plot_figure8(path: str | Path, panels: dict[str, list[dict[str, Any]]]) -> P
         ax.set_xlabel(param)
         ax.set_ylabel("throughput / autotune")
         ax.legend(fontsize=7)
+    return save_figure(fig, figure8_path(path), dpi=110)
+
+
+def figure8_path(path: str | Path) -> Path:
+    """Where ``plot_figure8`` writes beside the Figure 7 plot at ``path``: ``sim.png`` -> ``sim-fig8.png``."""
     p = Path(path)
-    return save_figure(fig, p.with_name(p.stem + "-fig8" + (p.suffix or ".png")), dpi=110)
+    return p.with_name(p.stem + "-fig8" + (p.suffix or ".png"))
