@@ -86,3 +86,22 @@ def test_on_saturated_cpus_the_busiest_stage_reads_busy_and_no_worker_uses_more_
     assert udf.busy == pytest.approx(1.0, abs=0.02)
     assert 0.5 < udf.cpu_share < 0.75  # two CPUs shared by three busy workers (and a little for the rest)
     assert all(s.cpu_share is None or s.cpu_share <= 1.0 + 1e-9 for s in obs.stages)
+
+
+def test_while_the_trainer_stalls_on_saturated_cpus_every_field_is_a_number():
+    # a CPU-bound spec whose trainer pauses: nothing flows during the pause, and no field may turn NaN
+    from intune.bench.tune_workload import simulated_spec
+
+    spec = simulated_spec()
+    spec = dataclasses.replace(spec, consumer=dataclasses.replace(spec.consumer, stall_every_s=20.0, stall_s=5.0))
+    sim = Simulator(spec, cpus=2, seed=0, noise=0.0)
+    sim.reset()
+    sim.knobs["read.workers"].set(2)
+    sim.knobs["udf.workers"].set(3)
+    stalled = 0
+    for _ in range(60):
+        obs = sim.step()
+        stalled += obs.throughput == 0
+        for s in obs.stages:
+            assert np.isfinite([s.busy, s.starved, s.blocked, s.cpu_s_per_item, s.wall_s_per_item]).all(), (obs.tick, s)
+    assert stalled >= 5

@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from intune.bench import md_report
 from intune.bench import tune_workload as wl
 from intune.bench.machine_control import CpuRestriction
 from intune.monitor import Monitor
 from intune.monitor.live import observe
 from intune.monitor.observation import Observation
-from intune.results import format_table, write_json
+from intune.results import format_table, machine_info, write_json
 
 GRID = {"read.workers": (1, 2, 4), "udf.workers": (1, 2, 3)}
 STAGES = ("read", "udf")
@@ -135,11 +136,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, results)
     if args.md:
-        from pathlib import Path
-
-        Path(args.md).write_text(
-            f"# `intune bench fidelity` on {args.cpus} CPUs\n\nEach figure: the mean over {ticks} one-second ticks "
-            f"after {warmup:g} s at the allocation (live) or over {ticks} ticks after as many of warm-up "
-            "(simulated, no noise).\n\n" + table + "\n"
-        )
+        text = markdown_report(results, md_report.command_line(("bench", "fidelity")), machine_info(), ticks, warmup)
+        print(f"wrote {md_report.write(args.md, text)}")
     return 0
+
+
+def markdown_report(results: list[dict[str, Any]], command: str, machine: dict[str, Any], ticks: int,
+                    warmup: float) -> str:
+    """The report: what each figure is, then one row per allocation and field."""
+    context = [
+        f"Each figure: the mean over {ticks} one-second ticks after {warmup:g} s at the allocation (live) or "
+        f"over {ticks} ticks after as many of warm-up (simulated, no noise); sim/live is their ratio.",
+        md_report.load_line(),
+    ]
+    rows = [{**r, "sim/live": "-" if r["sim/live"] is None else f"{r['sim/live']:.2f}"} for r in results]
+    return md_report.render(command, machine, context, [md_report.section("Fields", rows=rows)])

@@ -287,6 +287,8 @@ class Simulator:
         effective workers), so its workers read busy 1.0 as the engine's do, and the others less."""
         room = np.maximum(self._eff - T * io, 1e-12)
         share = min(1.0, float(np.max(T * c / room)))
+        if share <= 0.0:  # nothing flows (or nothing costs CPU): no worker is busy, at any share
+            share = 1.0
         caps = self._eff / (c / share + io)
         return self._gil_cap(caps, c, share) if self._gil_stages else caps
 
