@@ -449,7 +449,7 @@ class DataLoader:
         state = copy.deepcopy(dict(state))
         check_fingerprint(state["fingerprint"], fingerprint(self), "intune.DataLoader.load_state_dict")
         pending = _Pending.from_state(state, own_generator=self.generator is not None)
-        if self.tuner is not None and state["tuner"] is not None:
+        if self.tuner is not None and state["tuner"] is not None:  # an untuned loader keeps its allocation
             self.tuner.load_state_dict(from_json_safe(copy.deepcopy(state["tuner"])))
         self._stop_running()
         self._epochs = int(state["epochs_started"])

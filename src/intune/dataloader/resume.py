@@ -153,8 +153,14 @@ def _type_name(obj: Any) -> str | None:
 
 
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any], what: str) -> None:
-    """Raise ``ResumeMismatchError`` naming every field of ``saved`` that differs from ``current``."""
+    """Raise ``ResumeMismatchError`` naming every field of ``saved`` that differs from ``current``.
+
+    The tuning policy counts only when both loaders are tuned: an untuned one (``tune=None``, or
+    ``num_workers=0``, which fetches in this process) neither holds nor needs a tuner's state, and the
+    rows do not depend on it."""
     fields = sorted(set(saved) | set(current))
+    if saved.get("tune") is None or current.get("tune") is None:
+        fields = [f for f in fields if f != "tune"]
     differ = [f for f in fields if saved.get(f, "<absent>") != current.get(f, "<absent>")]
     if differ:
         words = "; ".join(f"{f}: saved {saved.get(f, '<absent>')!r}, now {current.get(f, '<absent>')!r}" for f in differ)
