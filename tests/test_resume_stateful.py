@@ -82,6 +82,30 @@ def test_its_state_is_loaded_after_iter():
     assert fresh.iter_calls == 1
 
 
+class SlowResets(ResetsAndReturnsSelf):
+    def __next__(self) -> int:
+        time.sleep(0.005)  # the loader's reading thread is still reading ahead when the loop moves on
+        return super().__next__()
+
+
+def test_a_second_loader_over_the_same_self_iterating_dataset_stops_the_first():
+    """Before: the first loader's thread went on reading ahead from the dataset after the second loader's
+    iter() had reset it and loaded the state, so the second lost rows (torchdata's
+    TestStateInitializationDataset, intermittently)."""
+    dataset = SlowResets(60)
+    first = _loader(dataset)
+    it = iter(first)
+    before = _rows(itertools.islice(it, 3))
+    state = first.state_dict()
+    with _loader(dataset) as second:
+        second.load_state_dict(state)
+        after = _rows(second)
+    assert before + after == list(range(60))
+    with pytest.raises(intune.PipelineClosedError):
+        next(it)
+    first.close()
+
+
 class Epochs(IterableDataset):
     """Rows ``(i, epoch)``; the epoch counter moves on when the iterator runs out (torchdata's
     GeneratorIterable pattern), and a loaded state resumes at ``i``."""

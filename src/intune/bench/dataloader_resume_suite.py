@@ -115,6 +115,8 @@ def run_suite(peer_text: str, mode: str, timeout_s: int, extra_path: Sequence[st
         if not out.exists():
             raise RuntimeError(f"the suite did not run (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         outcomes = json.loads(out.read_text())
+    for outcome in outcomes.values():  # an exception's repr keeps torch's long hint after an escaped newline
+        outcome["error"] = outcome["error"].split("\\n")[0].rstrip("'")
     return {node.split("::", 1)[1]: v for node, v in outcomes.items()}, seconds
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.dataloader import dataset_state
+from intune.dataloader import dataset_state, shared_list
 from intune.dataloader.dataset_state import Snapshot
 from intune.dataloader.errors import raise_failure
 from intune.dataloader.fetch import DATASET_STATE, FAILURE, NUMBER, OBJECT, Fetcher
@@ -83,6 +83,10 @@ class DataLoader:
     (torchdata's ``StatefulDataLoader`` argument, default 1) is how often, in batches, an iterable
     dataset's own ``state_dict()`` (and its iterator's) is taken for ``state_dict()``; a resume reads
     again the batches delivered since the last one (``0`` or ``None``: at the epoch's start and end only).
+    ``share_lists=True`` replaces, in place, the dataset's lists of str, bytes, int, float or bool (of at
+    least 1,000 items; attributes and the values of dict attributes) by ``intune.SharedList``: read-only,
+    in shared memory, so workers read them without copying them (without it, a dataset holding
+    containers of more than a million Python objects gets a ``CopyOnReadWarning`` naming them).
     Use ``close()`` (or ``with``) to end the workers at once; a loader dropped without it is closed when
     collected.
     """
@@ -108,6 +112,7 @@ class DataLoader:
         pin_memory_device: str = "",
         in_order: bool = True,
         snapshot_every_n_steps: int | None = 1,
+        share_lists: bool = False,
         tune: str | Any | None = "intune",
         rank: int | None = None,
         world_size: int | None = None,
@@ -156,7 +161,11 @@ class DataLoader:
         # where batches are fetched: the dataset's own state and the random draws differ (see resume)
         self._fetch_mode = "in-process" if start == 0 else "workers"
         method = start_method(multiprocessing_context)
+        if share_lists:  # before any worker starts: they inherit (or map) the shared lists
+            shared_list.share_lists(dataset)
         self.pipeline = self._build(start, method, max_workers, prefetch_factor or 2, bool(in_order))
+        if not share_lists and self.num_workers > 0:
+            _warn_copy_on_read(dataset, method)
         self.tuner = self._make_tuner(tune if start > 0 and not self.iterable else None)
         self._finalizer = weakref.finalize(self, _shutdown, self.tuner, self.pipeline)
 
@@ -307,7 +316,9 @@ class DataLoader:
             self._seed.value = draw_seed(self.generator)
         record = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
         if self.iterable:
+            self._claim_dataset()
             iterator = iter(self.dataset)  # once per epoch, here, as torch's loader does at iter()
+            self._register_reader(iterator)
             if dataset_state.resumable(self.dataset, iterator):
                 record.snapshot = dataset_state.take(self.dataset, iterator, 0)
             self._stream.begin(iterator)
@@ -318,6 +329,18 @@ class DataLoader:
             if self._in_process_state():
                 record.snapshot = dataset_state.take(self.dataset, None, 0)
         self._epoch = record
+
+    def _claim_dataset(self) -> None:
+        """Before ``iter(dataset)``: another loader whose epoch still reads this same dataset object, when
+        the dataset is its own iterator, is stopped (its iterator then raises ``PipelineClosedError``):
+        ``iter()`` resets the position they share, and its reading thread would take this epoch's rows."""
+        other = _OWN_ITERATOR_READERS.get(id(self.dataset))
+        if other is not None and other is not self and other.dataset is self.dataset:
+            other._stop_running()
+
+    def _register_reader(self, iterator: Any) -> None:
+        if iterator is self.dataset:
+            _OWN_ITERATOR_READERS[id(self.dataset)] = self
 
     def _in_process_state(self) -> bool:
         """A map-style dataset with its own state, fetched in this process: its state is part of the
@@ -339,6 +362,7 @@ class DataLoader:
             return
         if pending.ended is not None:
             if self.iterable:
+                self._claim_dataset()
                 dataset_state.restore(self.dataset, pending.ended)  # as torchdata: load, iter(), load
             elif self._in_process_state():
                 dataset_state.load_dataset(self.dataset, pending.ended)
@@ -366,7 +390,9 @@ class DataLoader:
         # after the replay, whose borrowed global generator is given back: a dataset's own state may set it
         count = resumed.delivered.count
         if self.iterable:
+            self._claim_dataset()
             iterator = dataset_state.restore(self.dataset, resumed.snapshot)
+            self._register_reader(iterator)
             done = resumed.snapshot.batches if resumed.snapshot is not None else 0
             self._stream.begin(iterator, skip=count - done, first=count)
         elif self._in_process_state():
@@ -670,6 +696,21 @@ def dataset_name(dataset: Any) -> str:
     """The dataset's class, for messages (``repr`` may be long or costly)."""
     kind = type(dataset)
     return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__
+
+
+_OWN_ITERATOR_READERS: weakref.WeakValueDictionary[int, DataLoader] = weakref.WeakValueDictionary()
+"""The loader whose last epoch read a dataset that is its own iterator, by ``id(dataset)``."""
+
+_WARNED: set[tuple[type, str]] = set()
+"""(dataset class, attribute) pairs already named by the copy-on-read warning in this process."""
+
+
+def _warn_copy_on_read(dataset: Any, method: str) -> None:
+    """Once per dataset class and attribute: a container big enough that the workers multiply it."""
+    for path, words in shared_list.copy_on_read_words(dataset, method):
+        if (type(dataset), path) not in _WARNED:
+            _WARNED.add((type(dataset), path))
+            warnings.warn(words, shared_list.CopyOnReadWarning, stacklevel=4)
 
 
 def _start_workers(num_workers: int | str, machine_share: float) -> int:
