@@ -31,7 +31,7 @@ TARGET = 1.2
 
 
 class Strings:
-    """Row ``i`` is the length of the ``i``-th of ``rows`` distinct Python strings (16 to 19 characters)."""
+    """Row ``i`` is the length of the ``i``-th of ``rows`` distinct Python strings (17 characters each)."""
 
     def __init__(self, rows: int) -> None:
         self.names = [f"row-{i:09d}-{(i * 2654435761) % 1000:03d}" for i in range(rows)]

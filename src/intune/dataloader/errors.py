@@ -107,7 +107,10 @@ def init_failure(text: str, worker_traceback: str, dataset_name: str) -> BaseExc
         "traceback": worker_traceback,
     }
     words = failure_message(record)
-    return _rebuild(record["class"], words) or DataLoaderWorkerError(words)
+    error = _rebuild(record["class"], words) or DataLoaderWorkerError(words)
+    error.where = "worker_init_fn"  # type: ignore[attr-defined]
+    error.worker_traceback = worker_traceback  # type: ignore[attr-defined]
+    return error
 
 
 def _class_blob(name: str) -> bytes | None:
