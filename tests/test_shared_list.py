@@ -120,8 +120,13 @@ class Big(Dataset):
 def test_a_big_container_is_named_once_when_workers_start():
     big = Big()
     assert big_containers(big) == [("Big.rows", "list", 1_000_001), ("Big.parts['names']", "list", 1_000_001)]
-    with pytest.warns(CopyOnReadWarning, match=r"Big\.rows is a list of 1,000,001 Python objects.*share_lists=True"):
+    with pytest.warns(CopyOnReadWarning) as record:
         intune.DataLoader(big, num_workers=1, tune=None).close()
+    words = [str(w.message) for w in record]
+    assert len(words) == 2 and all("share_lists=True" in w for w in words)
+    assert words[0].startswith("intune.DataLoader: Big.rows is a list of 1,000,001 Python objects")
+    assert "Big.parts['names'] is a list" in words[1]
+    assert record[0].filename == __file__  # it points at the line that built the loader
     with warnings.catch_warnings():
         warnings.simplefilter("error", CopyOnReadWarning)
         intune.DataLoader(big, num_workers=1, tune=None).close()  # once per class and attribute

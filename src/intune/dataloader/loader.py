@@ -710,7 +710,7 @@ def _warn_copy_on_read(dataset: Any, method: str) -> None:
     for path, words in shared_list.copy_on_read_words(dataset, method):
         if (type(dataset), path) not in _WARNED:
             _WARNED.add((type(dataset), path))
-            warnings.warn(words, shared_list.CopyOnReadWarning, stacklevel=4)
+            warnings.warn(words, shared_list.CopyOnReadWarning, stacklevel=3)
 
 
 def _start_workers(num_workers: int | str, machine_share: float) -> int:
