@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Pipeline": ("intune.pipeline", "Pipeline"),
     "DataLoader": ("intune.dataloader", "DataLoader"),
+    "SharedList": ("intune.dataloader.shared_list", "SharedList"),
     "Knob": ("intune.knobs", "Knob"),
     "Observation": ("intune.monitor.observation", "Observation"),
     "monitor": ("intune.monitor", None),

@@ -58,7 +58,10 @@ def load_weights(path: str | Path = DEFAULT_WEIGHTS) -> tuple[QNetwork, AgentCon
         if payload.get("format") != WEIGHTS_FORMAT:
             raise ValueError(f"format {payload.get('format')!r}, expected {WEIGHTS_FORMAT}")
         config = AgentConfig.from_dict(payload["config"])
-        q = new_network(config)
+        # the initial weights are replaced at once: drawing them must not move torch's global generator,
+        # which belongs to the caller (a DataLoader's shuffle draws from it, as torch's does)
+        with torch.random.fork_rng(devices=[]):
+            q = new_network(config)
         q.load_state_dict(payload["state_dict"])
     except Exception as exc:
         raise ValueError(f"agent weights {path}: cannot load ({exc})") from exc

@@ -60,6 +60,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=None, help="rows of the data set (one epoch)")
     parser.add_argument("--data-dir", default=None, help="where the generated data set is kept")
     parser.add_argument("--extra", action="store_true", help="also run the other loaders in EXTRA")
+    parser.add_argument(
+        "--memory", action="store_true",
+        help="also measure the copy-on-read growth of a dataset of Python strings (dataloader_memory)",
+    )
+    parser.add_argument("--memory-only", action="store_true", help="measure only the copy-on-read growth")
+    parser.add_argument("--memory-rows", type=int, default=None, help="strings in that dataset (default 4,000,000)")
 
 
 def plan_entries(cpus: float, sweep: Sequence[int], tune: str, extra: bool) -> list[Entry]:
@@ -264,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
+    if args.memory_only:
+        return _memory_only(args)
     size = dict(QUICK if args.quick else FULL)
     if args.rows:
         size.update(rows=args.rows, measure_rows=args.rows)
@@ -297,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
         "after": load_after,
     }
     extra = {"summary": summary, "headline": head, "config": config, "load": load}
+    if args.memory:
+        extra["memory"] = _memory(args)
     print(format_table(summary_rows(summary)))
     for line in headline_lines(head):
         print(line)
@@ -313,6 +323,42 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {md_report.write(args.md, markdown_report(payload, md_report.command_line(('bench', 'dataloader'))))}"
         )
     return 0
+
+
+def _memory(args: argparse.Namespace) -> dict[str, Any]:
+    """The copy-on-read rows (``dataloader_memory``): their spec and one row per loader."""
+    from intune.bench import dataloader_memory
+
+    spec = {**dataloader_memory.DEFAULTS, **({"rows": args.memory_rows} if args.memory_rows else {})}
+    return {"spec": spec, "rows": dataloader_memory.run_memory(spec)}
+
+
+def _memory_only(args: argparse.Namespace) -> int:
+    from intune.bench import dataloader_memory
+    from intune.results import machine_info, write_json
+
+    memory = _memory(args)
+    if args.json:
+        print(f"wrote {write_json(args.json, memory['rows'], spec=memory['spec'])}")
+    if args.md:
+        section = memory_section(memory)
+        text = md_report.render(
+            md_report.command_line(("bench", "dataloader")), machine_info(), [md_report.load_line()], [section]
+        )
+        print(f"wrote {md_report.write(args.md, text)}")
+    for line in dataloader_memory.report_lines(memory["spec"], memory["rows"])[1:]:
+        print(line)
+    return 0 if all("error" not in r for r in memory["rows"]) else 1
+
+
+def memory_section(memory: Mapping[str, Any]) -> list[str]:
+    from intune.bench import dataloader_memory
+
+    return md_report.section(
+        "Copy-on-read: a dataset of Python strings in forked workers (pytorch#13246)",
+        dataloader_memory.report_lines(memory["spec"], memory["rows"]),
+        dataloader_memory.table(memory["rows"]),
+    )
 
 
 # ---- the report ----------------------------------------------------------------------------------
@@ -455,6 +501,8 @@ def markdown_report(payload: Mapping[str, Any], command: str) -> str:
             for name, v in extra.items()
         ]
         sections.append(md_report.section("Other APIs on the same work", lines))
+    if payload.get("memory"):
+        sections.append(memory_section(payload["memory"]))
     errors = [
         f"- {Entry(r['system'], r['setting']).label}, round {r['round'] + 1}: {r['error']}"
         for r in payload["results"]

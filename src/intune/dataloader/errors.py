@@ -4,14 +4,19 @@ Owns the wording and the class of what ``next(loader)`` raises for a batch whose
 ``__getitems__`` or ``collate_fn`` failed in a worker: the original exception's class where it can be
 rebuilt with one message (so ``except KeyError`` still catches a ``KeyError``), else
 ``DataLoaderWorkerError``; the message names the dataset, the index (or indices) and the worker, and
-carries the worker's traceback, as torch's DataLoader does. Also ``DatasetPickleError``: the dataset,
+carries the worker's traceback, as torch's DataLoader does. A failed ``worker_init_fn`` likewise
+(``init_failure_words`` in the worker, ``init_failure`` in the loader: the class travels by its
+importable name, since a worker that could not start sends only text). Also ``DatasetPickleError``: the dataset,
 collate function or ``worker_init_fn`` that cannot be sent to worker processes, named. It must not
 decide when a batch failed (``fetch`` does).
 """
 
 from __future__ import annotations
 
+import builtins
+import importlib
 import pickle
+import re
 from typing import Any, NoReturn
 
 
@@ -25,8 +30,8 @@ class DatasetPickleError(TypeError):
 
 
 def failure_message(record: dict[str, Any]) -> str:
-    worker = record.get("worker")
-    who = f"worker {worker} (pid {record.get('pid')})" if worker is not None else "the loader's own process"
+    worker, pid = record.get("worker"), record.get("pid")
+    who = f"worker {worker}" + (f" (pid {pid})" if pid is not None else "") if worker is not None else "the loader's own process"
     return (
         f"Caught {record['class_name']} in intune.DataLoader {who} on {record['where']} of dataset "
         f"{record['dataset']}: {record['message']}\n\nOriginal traceback (in the worker):\n"
@@ -68,4 +73,54 @@ def _with_message(kind: type, message: str) -> BaseException | None:
         sub = type(kind.__name__, (kind,), {"__str__": lambda self: message, "__module__": kind.__module__})
         return sub(message)
     except Exception:  # noqa: BLE001
+        return None
+
+
+_INIT = "worker_init_fn raised in intune.DataLoader worker "
+_INIT_WORDS = re.compile(re.escape(_INIT) + r"(\d+): ([\w.]+): (.*)", re.DOTALL)
+
+
+def init_failure_words(worker_id: int, exc: BaseException) -> str:
+    """How a worker says its ``worker_init_fn`` raised ``exc``: its id, the class by an importable name
+    (a builtin by its bare name) and the message, which ``init_failure`` reads back."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{_INIT}{worker_id}: {name}: {exc}"
+
+
+def init_failure(text: str, worker_traceback: str, dataset_name: str) -> BaseException | None:
+    """The exception to raise for a worker that could not start, from its words (``init_failure_words``,
+    as the start failure's message carries them): the original class when it imports here and takes
+    one message, else ``DataLoaderWorkerError``; None when ``text`` is not a ``worker_init_fn`` failure."""
+    found = _INIT_WORDS.search(text)
+    if found is None:
+        return None
+    worker, name, message = int(found.group(1)), found.group(2), found.group(3)
+    record = {
+        "class": _class_blob(name),
+        "class_name": name.rsplit(".", 1)[-1],
+        "message": message,
+        "where": "worker_init_fn",
+        "dataset": dataset_name,
+        "worker": worker,
+        "pid": None,
+        "traceback": worker_traceback,
+    }
+    words = failure_message(record)
+    error = _rebuild(record["class"], words) or DataLoaderWorkerError(words)
+    error.where = "worker_init_fn"  # type: ignore[attr-defined]
+    error.worker_traceback = worker_traceback  # type: ignore[attr-defined]
+    return error
+
+
+def _class_blob(name: str) -> bytes | None:
+    """``name``'s class pickled (for ``_rebuild``), or None when it cannot be found here."""
+    module, _, attr = name.rpartition(".")
+    try:
+        owner: Any = importlib.import_module(module) if module else builtins
+        kind = owner
+        for part in attr.split("."):
+            kind = getattr(kind, part)
+        return pickle.dumps(kind)
+    except Exception:  # noqa: BLE001 - a class that does not import here: DataLoaderWorkerError
         return None

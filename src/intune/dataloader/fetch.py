@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from intune.dataloader import transport
+from intune.dataloader import dataset_state, transport
+from intune.dataloader.errors import init_failure_words
 
 INDEX = "index"
 """The input column: the batch's dataset indices (int64, or an object array of other keys)."""
@@ -36,7 +37,9 @@ NUMBER = "__batch__"
 """The output key the fetch stage adds: the batch's number in the sampler's order (int64, one value),
 so the loader knows which batches were delivered (``in_order=False`` lets them overtake)."""
 DATASET_STATE = "__dataset_state__"
-"""The key of an iterable dataset's ``state_dict()`` taken right after the batch it travels with."""
+"""The key of the dataset's own state (a ``dataset_state.Snapshot``) taken right after the batch it
+travels with: an iterable dataset's (``stream``), or a map-style dataset's fetched in the loader's own
+process (``Fetcher(snapshot=True)``)."""
 
 
 class Fetcher:
@@ -49,15 +52,24 @@ class Fetcher:
         auto_collation: bool,
         dataset_name: str,
         encode: bool = True,
+        snapshot: bool = False,
     ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.auto_collation = auto_collation
         self.dataset_name = dataset_name
         self.encode = encode
+        # in the loader's process only: the dataset's state_dict() after each batch, for a resume
+        self.snapshot = snapshot and not encode and dataset_state.is_stateful(dataset)
         self.worker_id: int | None = None
 
     def __call__(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        out = self._fetch(chunk)
+        if self.snapshot:  # the batches are fetched in order by one thread: the state after this one
+            out[DATASET_STATE] = dataset_state.take(self.dataset, None, int(chunk[SEED][2]) + 1)
+        return out
+
+    def _fetch(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
         keys = chunk[INDEX].tolist()
         if self.encode:  # a worker's own generators; the loader's process keeps the user's untouched
             seed_rngs(*(int(v) for v in chunk[SEED]))
@@ -202,9 +214,7 @@ class WorkerFetcher:
             try:
                 self.worker_init_fn(self.worker_id)
             except Exception as exc:
-                raise RuntimeError(
-                    f"worker_init_fn raised in intune.DataLoader worker {self.worker_id}: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise RuntimeError(init_failure_words(self.worker_id, exc)) from exc
 
     def __call__(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
         assert self._fetcher is not None

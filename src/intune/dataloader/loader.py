@@ -13,6 +13,7 @@ place. The samplers are in ``sampling``, the worker's work in ``fetch``, the tra
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import warnings
@@ -22,16 +23,24 @@ from typing import Any
 
 import numpy as np
 
+from intune.dataloader import dataset_state, shared_list
+from intune.dataloader.dataset_state import Snapshot
 from intune.dataloader.errors import raise_failure
 from intune.dataloader.fetch import DATASET_STATE, FAILURE, NUMBER, OBJECT, Fetcher
 from intune.dataloader.resume import (
     STATE_FORMAT,
     Delivered,
+    FetchModeMismatchError,
     ResumeMismatchError,
     check_fingerprint,
+    decode_bytes,
+    encode_bytes,
     fingerprint,
+    from_json_safe,
     generator_state,
+    json_safe,
     replaying,
+    set_generator_state,
 )
 from intune.dataloader.sampling import (
     IndexSource,
@@ -47,6 +56,7 @@ from intune.dataloader.transport import SPEC, decode
 from intune.knobs import Knob
 from intune.monitor import available_cpus
 from intune.pipeline import Pipeline
+from intune.pipeline.errors import PipelineClosedError
 from intune.pipeline.sharding import resolve_shard
 from intune.tunable import MovableKnobs
 
@@ -70,8 +80,16 @@ class DataLoader:
     default on Linux as in torch: the dataset is inherited, not pickled) or as fresh interpreters that
     get the dataset pickled once (``"spawn"``, ``"forkserver"``). ``prefetch_factor`` (default 2)
     batches per possible worker may wait ready, within the tuned ``prefetch.buffer_mb``;
-    ``pin_memory_device`` is accepted and ignored (torch deprecates it). Use ``close()`` (or ``with``)
-    to end the workers at once; a loader dropped without it is closed when collected.
+    ``pin_memory_device`` is accepted and ignored (torch deprecates it). ``snapshot_every_n_steps``
+    (torchdata's ``StatefulDataLoader`` argument, default 1) is how often, in batches, an iterable
+    dataset's own ``state_dict()`` (and its iterator's) is taken for ``state_dict()``; a resume reads
+    again the batches delivered since the last one (``0`` or ``None``: at the epoch's start and end only).
+    ``share_lists=True`` replaces, in place, the dataset's lists of str, bytes, int, float or bool (of at
+    least 1,000 items; attributes and the values of dict attributes) by ``intune.SharedList``: read-only,
+    in shared memory, so workers read them without copying them (without it, a dataset holding
+    containers of more than a million Python objects gets a ``CopyOnReadWarning`` naming them).
+    Use ``close()`` (or ``with``) to end the workers at once; a loader dropped without it is closed when
+    collected.
     """
 
     def __init__(
@@ -94,6 +112,8 @@ class DataLoader:
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        snapshot_every_n_steps: int | None = 1,
+        share_lists: bool = False,
         tune: str | Any | None = "intune",
         rank: int | None = None,
         world_size: int | None = None,
@@ -106,6 +126,14 @@ class DataLoader:
             raise ValueError(
                 f"intune.DataLoader: prefetch_factor must be a positive integer, got {prefetch_factor!r}"
             )
+        if snapshot_every_n_steps is not None and (
+            isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int) or snapshot_every_n_steps < 0
+        ):
+            raise ValueError(
+                "intune.DataLoader: snapshot_every_n_steps must be an integer >= 0 or None, got "
+                f"{snapshot_every_n_steps!r}"
+            )
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         shard = self.shard = resolve_shard("intune.DataLoader", rank, world_size)
         self.rank, self.world_size = (shard.rank, shard.world_size) if shard is not None else (0, 1)
         self.machine_share = shard.machine_share if shard is not None else 1.0
@@ -125,12 +153,20 @@ class DataLoader:
         self._epoch_set: int | None = None
         self._seed = _Seed()
         self._epoch: _Epoch | None = None  # the epoch in flight (None: none, or it ended)
-        self._resume: _Epoch | None = None  # an epoch loaded by load_state_dict, resumed by the next iter()
+        self._ended: Snapshot | None = None  # the dataset's state at the end of the last epoch, until the next
+        self._pending: _Pending | None = None  # a state loaded by load_state_dict, resumed by the next iter()
+        self._running: weakref.ref[_Batches] | None = None  # the last epoch's iterator
         self._closed = False
         self.multiprocessing_context = multiprocessing_context
         start = _start_workers(num_workers, self.machine_share)
+        # where batches are fetched: the dataset's own state and the random draws differ (see resume)
+        self._fetch_mode = "in-process" if start == 0 else "workers"
         method = start_method(multiprocessing_context)
+        if share_lists:  # before any worker starts: they inherit (or map) the shared lists
+            shared_list.share_lists(dataset)
         self.pipeline = self._build(start, method, max_workers, prefetch_factor or 2, bool(in_order))
+        if not share_lists and self.num_workers > 0:
+            _warn_copy_on_read(dataset, method)
         self.tuner = self._make_tuner(tune if start > 0 and not self.iterable else None)
         self._finalizer = weakref.finalize(self, _shutdown, self.tuner, self.pipeline)
 
@@ -163,14 +199,15 @@ class DataLoader:
         name = dataset_name(self.dataset)
         if self.iterable:
             source = self._stream = StreamSource(
-                self.dataset, self.collate_fn, self._plan.batch_size, self._plan.drop_last, name
+                self.dataset, self.collate_fn, self._plan.batch_size, self._plan.drop_last, name,
+                self.snapshot_every_n_steps,
             )
             return Pipeline(source, name="stream").prefetch(depth=2 * prefetch_factor, buffer_mb=PREFETCH_MB)
         self._source = IndexSource("sampler", name)
         pipe = Pipeline(self._source, name="sampler", deterministic=in_order, max_workers=max_workers, shard=self.shard)
         mode = "process" if workers > 0 else "thread"
         fetcher = Fetcher(
-            self.dataset, self.collate_fn, self._plan.auto_collation, name, encode=mode == "process"
+            self.dataset, self.collate_fn, self._plan.auto_collation, name, encode=mode == "process", snapshot=True
         )
         stage = FetchStage(
             fetcher,
@@ -242,33 +279,103 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise ValueError("intune.DataLoader: the loader is closed")
-        if self._resume is not None:
-            self._replay(self._resume)  # a refused resume stays pending: a retry raises again
-            self._resume = None
-        else:
-            self._begin()
-        batches = iter(self.pipeline)
+        self._stop_running()  # its threads must not read the dataset while this epoch sets it up
+        pending, self._pending = self._pending, None
+        try:
+            if pending is not None:
+                self._resume_from(pending)
+            else:
+                self._begin()
+        except BaseException:
+            if pending is not None:
+                self._pending = pending  # a refused resume stays pending: a retry raises again
+            raise
+        batches = _Batches(self, iter(self.pipeline), self._epoch)
+        self._running = weakref.ref(batches)
         if self.tuner is not None:
             self.tuner.start()
-        return _Batches(self, batches, self._epoch)
+        return batches
+
+    def _stop_running(self) -> None:
+        """End the last epoch's iterator, if it still runs: its reading threads are stopped and joined,
+        so they neither read the dataset (or its iterator) nor record a batch after this point."""
+        running = self._running() if self._running is not None else None
+        self._running = None
+        if running is not None:
+            running.stop()
 
     def _begin(self) -> None:
-        """A new epoch: its number, the seed drawn as torch draws it, the sampler started."""
+        """A new epoch: its number, the seed drawn as torch draws it, the sampler (or ``iter(dataset)``)
+        started on this thread, and the dataset's state at its start (for a resume before any batch)."""
         epoch = self._epoch_set if self._epoch_set is not None else self._epochs
         self._epoch_set = None
         self._epochs += 1
+        self._ended = None
         start = generator_state(self.generator)  # before any draw of the epoch: what a resume replays
         drawn = self._seed.value is None or not self.persistent_workers  # when torch's DataLoader draws it
         if drawn:
             self._seed.value = draw_seed(self.generator)
-        self._epoch = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
-        if not self.iterable:
+        record = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
+        if self.iterable:
+            self._claim_dataset()
+            iterator = iter(self.dataset)  # once per epoch, here, as torch's loader does at iter()
+            self._register_reader(iterator)
+            if dataset_state.resumable(self.dataset, iterator):
+                record.snapshot = dataset_state.take(self.dataset, iterator, 0)
+            self._stream.begin(iterator)
+        else:
             if self._plan.distributed:
                 self._plan.sampler.set_epoch(epoch)
             self._source.begin(self._plan.index_sampler, epoch, self._seed.get())
+            if self._in_process_state():
+                record.snapshot = dataset_state.take(self.dataset, None, 0)
+        self._epoch = record
+
+    def _claim_dataset(self) -> None:
+        """Before ``iter(dataset)``: another loader whose epoch still reads this same dataset object, when
+        the dataset is its own iterator, is stopped (its iterator then raises ``PipelineClosedError``):
+        ``iter()`` resets the position they share, and its reading thread would take this epoch's rows."""
+        other = _OWN_ITERATOR_READERS.get(id(self.dataset))
+        if other is not None and other is not self and other.dataset is self.dataset:
+            other._stop_running()
+
+    def _register_reader(self, iterator: Any) -> None:
+        if iterator is self.dataset:
+            _OWN_ITERATOR_READERS[id(self.dataset)] = self
+
+    def _in_process_state(self) -> bool:
+        """A map-style dataset with its own state, fetched in this process: its state is part of the
+        loader's (with workers each worker has its own copy, seeded per batch instead)."""
+        return not self.iterable and self._fetch_mode == "in-process" and dataset_state.is_stateful(self.dataset)
+
+    def _resume_from(self, pending: _Pending) -> None:
+        """The next epoch from a loaded state: the epoch in flight at the checkpoint, continued; or,
+        between epochs, the dataset's end-of-epoch state and the generator restored, then a new epoch."""
+        if pending.fetch_mode != self._fetch_mode:
+            raise FetchModeMismatchError(
+                f"intune.DataLoader: cannot resume: the state was taken with batches fetched "
+                f"{_mode_words(pending.fetch_mode)}, this loader fetches them {_mode_words(self._fetch_mode)} "
+                "(num_workers=0 against num_workers > 0): the dataset's own state and the random draws of "
+                "the two differ"
+            )
+        if pending.epoch is not None:
+            self._replay(pending.epoch)
+            return
+        if pending.ended is not None:
+            if self.iterable:
+                self._claim_dataset()
+                dataset_state.restore(self.dataset, pending.ended)  # as torchdata: load, iter(), load
+            elif self._in_process_state():
+                dataset_state.load_dataset(self.dataset, pending.ended)
+        if pending.global_generator is not None:
+            # what torch's global generator held at the checkpoint decides the next epoch's draws (its
+            # seed, a RandomSampler's order) as in the uninterrupted run; it is left advanced by them
+            set_generator_state(None, pending.global_generator)
+        self._begin()
 
     def _replay(self, resumed: _Epoch) -> None:
-        """The loaded epoch again, from its start state, with its delivered batches skipped unfetched."""
+        """The loaded epoch again, from its start state, with its delivered batches skipped unfetched
+        (map-style) or its dataset restored to the last snapshot delivered (iterable)."""
         with replaying(self.generator, resumed.generator):
             if resumed.seed_drawn and draw_seed(self.generator) != resumed.seed:
                 raise ResumeMismatchError(
@@ -277,12 +384,20 @@ class DataLoader:
                 )
             self._seed.value = resumed.seed
             self._load_sampler_states(resumed.sampler_states)
-            if self.iterable:
-                self._stream.resume_at(resumed.delivered.count, resumed.dataset_state)
-            else:
+            if not self.iterable:
                 if self._plan.distributed:
                     self._plan.sampler.set_epoch(resumed.epoch)
                 self._source.begin(self._plan.index_sampler, resumed.epoch, resumed.seed, resumed.delivered)
+        # after the replay, whose borrowed global generator is given back: a dataset's own state may set it
+        count = resumed.delivered.count
+        if self.iterable:
+            self._claim_dataset()
+            iterator = dataset_state.restore(self.dataset, resumed.snapshot)
+            self._register_reader(iterator)
+            done = resumed.snapshot.batches if resumed.snapshot is not None else 0
+            self._stream.begin(iterator, skip=count - done, first=count)
+        elif self._in_process_state():
+            dataset_state.load_dataset(self.dataset, resumed.snapshot)
         # the batches delivered before the checkpoint, and those delivered from now on, in one record
         self._epoch = resumed
 
@@ -292,9 +407,9 @@ class DataLoader:
     def _sampler_states(self) -> dict[str, Any]:
         """The ``state_dict()`` of each sampler that has one, taken before the epoch's ``iter()``."""
         return {
-            role: sampler.state_dict()
+            role: copy.deepcopy(sampler.state_dict())
             for role, sampler in self._samplers().items()
-            if callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None))
+            if dataset_state.is_stateful(sampler)
         }
 
     def _load_sampler_states(self, states: Mapping[str, Any]) -> None:
@@ -306,42 +421,50 @@ class DataLoader:
                     f"intune.DataLoader: the state holds a {role} state, but this loader's {role} "
                     f"({type(sampler).__qualname__}) has no load_state_dict()"
                 )
-            sampler.load_state_dict(state)
+            sampler.load_state_dict(copy.deepcopy(state))
 
     # ---- resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is, as plain values and numpy arrays (``intune.checkpoint`` stores it).
+        """Where this loader is, as JSON-serialisable values (``intune.checkpoint`` stores it).
 
         Take it between two batches, from the training loop: the batches the loop has received are
         "delivered"; those still in workers or in the prefetch buffer are not, and are fetched again
-        after a resume. It holds the configuration it is valid for (``fingerprint``), the count of
-        epochs started and the next ``set_epoch``, the loader's seed, the epoch in flight (its number,
-        seed, the generator's state at its start, the samplers' own ``state_dict()`` if they have one,
-        the batches delivered and a digest of their indices; for an iterable dataset with
-        ``state_dict()``, the dataset's state after the last delivered batch), the knob values, and the
-        tuner's state. See docs/dataloader.md, "Resume".
+        after a resume. It holds the configuration it is valid for (``fingerprint``), whether batches are
+        fetched in this process or in workers, the count of epochs started and the next ``set_epoch``,
+        the loader's seed, the generator's state now (the loader's ``generator``, else torch's global
+        one), the epoch in flight (its number, seed, the generator's state at its start, the samplers'
+        own ``state_dict()`` if they have one, the batches delivered and a digest of their indices, and
+        the dataset's own state: see ``dataset_state``), or between epochs the dataset's state at the
+        end of the last one (``ended``), the knob values, and the tuner's state. A state loaded and not
+        yet resumed (no ``iter()`` since) is returned as it was loaded. See docs/dataloader.md, "Resume".
         """
-        epoch = self._resume if self._resume is not None else self._epoch
+        if self._pending is not None:
+            return copy.deepcopy(self._pending.state)
+        epoch = self._epoch
         return {
             "format": STATE_FORMAT,
             "fingerprint": fingerprint(self),
+            "fetch": self._fetch_mode,
             "epochs_started": self._epochs,
             "epoch_set": self._epoch_set,
             "seed": self._seed.value,
-            "generator": None if self.generator is None else generator_state(self.generator),
+            "generator": encode_bytes(generator_state(self.generator)),
             "epoch": None if epoch is None else epoch.state(),
+            "ended": None if epoch is not None or self._ended is None else self._ended.state(),
             "knobs": {name: knob.value for name, knob in self.knobs.items()},
-            "tuner": None if self.tuner is None else self.tuner.state_dict(),
+            "tuner": None if self.tuner is None else json_safe(self.tuner.state_dict()),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from ``state_dict()`` of a loader of the same configuration).
 
-        Call it before ``iter(loader)``: the next ``iter()`` continues the saved epoch from the batch
-        after the last one delivered (the same batches as an uninterrupted run, with the same seeds),
-        and the epochs after it are as usual. The tuner starts from its saved state, its knobs clamped
-        to this machine. A state from another configuration raises ``ResumeMismatchError`` naming each
-        field that differs; nothing is changed then.
+        The next ``iter()`` continues the saved epoch from the batch after the last one delivered (the
+        same batches as an uninterrupted run, with the same seeds), and the epochs after it are as
+        usual; a state taken between epochs starts the next one as the uninterrupted run would. An epoch
+        of this loader still running is ended first. The state is copied: the caller's is never changed,
+        and it can be loaded again. The tuner starts from its saved state, its knobs clamped to this
+        machine. A state from another configuration raises ``ResumeMismatchError`` naming each field
+        that differs; nothing is changed then.
         """
         if self._closed:
             raise ValueError("intune.DataLoader: the loader is closed")
@@ -350,18 +473,18 @@ class DataLoader:
             raise ResumeMismatchError(
                 f"intune.DataLoader.load_state_dict: not a DataLoader state of format {STATE_FORMAT} (format {got!r})"
             )
+        state = copy.deepcopy(dict(state))
         check_fingerprint(state["fingerprint"], fingerprint(self), "intune.DataLoader.load_state_dict")
-        resumed = None if state["epoch"] is None else _Epoch.from_state(state["epoch"])
-        if self.tuner is not None and state["tuner"] is not None:
-            self.tuner.load_state_dict(state["tuner"])
+        pending = _Pending.from_state(state, own_generator=self.generator is not None)
+        if self.tuner is not None and state["tuner"] is not None:  # an untuned loader keeps its allocation
+            self.tuner.load_state_dict(from_json_safe(copy.deepcopy(state["tuner"])))
+        self._stop_running()
         self._epochs = int(state["epochs_started"])
         self._epoch_set = None if state["epoch_set"] is None else int(state["epoch_set"])
         self._seed.value = None if state["seed"] is None else int(state["seed"])
-        if resumed is None and self.generator is not None and state["generator"] is not None:
-            import torch
-
-            self.generator.set_state(torch.from_numpy(np.ascontiguousarray(state["generator"], dtype=np.uint8)))
-        self._epoch, self._resume = None, resumed
+        if pending.epoch is None and self.generator is not None:
+            set_generator_state(self.generator, decode_bytes(state["generator"], "'generator'"))
+        self._epoch, self._ended, self._pending = None, None, pending
 
     def _delivered(self, epoch: _Epoch, chunk: Mapping[str, Any]) -> None:
         """Record that ``chunk``'s batch reached the training loop (a failed batch too: its error did)."""
@@ -370,14 +493,21 @@ class DataLoader:
             return
         number = int(number[0]) if isinstance(number, np.ndarray) else int(number)
         digest = None if self.iterable else self._source.digests.pop(number, None)
-        if self.iterable and DATASET_STATE in chunk:
-            epoch.dataset_state = chunk[DATASET_STATE]
+        snapshot = chunk.get(DATASET_STATE)
+        if snapshot is not None and (epoch.snapshot is None or snapshot.batches >= epoch.snapshot.batches):
+            epoch.snapshot = snapshot
         epoch.delivered.add(number, digest)
 
-    def _ended(self, epoch: _Epoch) -> None:
-        """The epoch's iterator ran out: nothing of it is left to resume."""
-        if epoch is self._epoch:
-            self._epoch = None
+    def _ended_epoch(self, epoch: _Epoch) -> None:
+        """The epoch's iterator ran out: nothing of it is left to resume, but the dataset's state now
+        (after its iterator ran out) is what the next epoch starts from."""
+        if epoch is not self._epoch:
+            return
+        if self.iterable:
+            self._ended = self._stream.end_snapshot
+        elif self._in_process_state():
+            self._ended = dataset_state.take(self.dataset, None, epoch.delivered.count)
+        self._epoch = None
 
     def close(self) -> None:
         """Stop tuning and end the workers (an epoch in flight raises ``PipelineClosedError``)."""
@@ -394,24 +524,39 @@ class DataLoader:
         return f"intune.DataLoader({dataset_name(self.dataset)}, batch_size={self.batch_size}, workers={self.num_workers})"
 
 
+def _mode_words(mode: str) -> str:
+    return "in the loader's process" if mode == "in-process" else "in worker processes"
+
+
 class _Batches:
     """One epoch's batches: rebuilt as tensors, or a failed batch's exception raised in its place; each
     one recorded as delivered (for ``state_dict``) when it is handed to the loop."""
 
-    def __init__(self, loader: DataLoader, batches: Iterator[Any], epoch: _Epoch | None) -> None:
+    def __init__(self, loader: DataLoader, batches: Any, epoch: _Epoch | None) -> None:
         self._loader = loader  # keeps the loader (and its workers) alive while its epoch is read
         self._batches = batches
         self._epoch = epoch
+        self._stopped = False
 
     def __iter__(self) -> _Batches:
         return self
 
+    def stop(self) -> None:
+        """Ended by a newer ``iter(loader)`` or ``load_state_dict``: stop the epoch's threads now."""
+        self._stopped = True
+        self._batches.close()
+
     def __next__(self) -> Any:
+        if self._stopped:
+            raise PipelineClosedError(
+                "intune.DataLoader: this epoch's iterator was ended by a newer iter(loader) or "
+                "load_state_dict(): what it delivered is not a whole epoch"
+            )
         try:
             chunk = next(self._batches)
         except StopIteration:
             if self._epoch is not None:
-                self._loader._ended(self._epoch)
+                self._loader._ended_epoch(self._epoch)
             raise
         if self._epoch is not None:
             self._loader._delivered(self._epoch, chunk)
@@ -430,7 +575,7 @@ class _Batches:
 class _Epoch:
     """The epoch in flight as a resume needs it: its number and seed, whether the seed was drawn at its
     start, the generator's state before that draw, the samplers' own states, the batches delivered, and
-    (an iterable dataset with ``state_dict()``) the dataset's state after the last of them."""
+    the dataset's own state at the last snapshot delivered (``dataset_state``; None when it keeps none)."""
 
     def __init__(
         self,
@@ -440,42 +585,74 @@ class _Epoch:
         generator: np.ndarray | None,
         sampler_states: dict[str, Any],
         delivered: Delivered | None = None,
-        dataset_state: Any = None,
+        snapshot: Snapshot | None = None,
     ) -> None:
         self.epoch, self.seed, self.seed_drawn = epoch, seed, seed_drawn
         self.generator = generator
         self.sampler_states = sampler_states
         self.delivered = delivered or Delivered()
-        self.dataset_state = dataset_state
+        self.snapshot = snapshot
 
     def state(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
             "seed": self.seed,
             "seed_drawn": self.seed_drawn,
-            "generator": self.generator,
-            "sampler_states": dict(self.sampler_states),
+            "generator": None if self.generator is None else encode_bytes(self.generator),
+            "sampler_states": copy.deepcopy(self.sampler_states),
             "delivered": self.delivered.state(),
-            "dataset_state": self.dataset_state,
+            "dataset": None if self.snapshot is None else self.snapshot.state(),
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> _Epoch:
         try:
             generator = state["generator"]
+            snapshot = state["dataset"]
             return cls(
                 int(state["epoch"]),
                 int(state["seed"]),
                 bool(state["seed_drawn"]),
-                None if generator is None else np.asarray(generator, dtype=np.uint8),
+                None if generator is None else decode_bytes(generator, "the epoch's 'generator'"),
                 dict(state["sampler_states"]),
                 Delivered.from_state(state["delivered"]),
-                state["dataset_state"],
+                None if snapshot is None else Snapshot.from_state(snapshot),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ResumeMismatchError):
                 raise
             raise ResumeMismatchError(f"intune.DataLoader state: 'epoch' is malformed ({exc!r})") from exc
+
+
+class _Pending:
+    """A loaded state waiting for the next ``iter()``: the epoch to continue, or (between epochs) the
+    dataset's end-of-epoch state and torch's global generator state to start the next epoch from; and
+    the state itself, which ``state_dict()`` returns until then."""
+
+    def __init__(
+        self,
+        state: dict[str, Any],
+        fetch_mode: str,
+        epoch: _Epoch | None,
+        ended: Snapshot | None,
+        global_generator: np.ndarray | None,
+    ) -> None:
+        self.state = state
+        self.fetch_mode = fetch_mode
+        self.epoch = epoch
+        self.ended = ended
+        self.global_generator = global_generator
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], own_generator: bool) -> _Pending:
+        epoch = None if state["epoch"] is None else _Epoch.from_state(state["epoch"])
+        try:
+            ended = None if state["ended"] is None else Snapshot.from_state(state["ended"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResumeMismatchError(f"intune.DataLoader state: 'ended' is malformed ({exc!r})") from exc
+        between = epoch is None and not own_generator
+        generator = decode_bytes(state["generator"], "'generator'") if between else None
+        return cls(copy.deepcopy(state), str(state["fetch"]), epoch, ended, generator)
 
 
 class _Seed:
@@ -493,6 +670,21 @@ def dataset_name(dataset: Any) -> str:
     """The dataset's class, for messages (``repr`` may be long or costly)."""
     kind = type(dataset)
     return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__
+
+
+_OWN_ITERATOR_READERS: weakref.WeakValueDictionary[int, DataLoader] = weakref.WeakValueDictionary()
+"""The loader whose last epoch read a dataset that is its own iterator, by ``id(dataset)``."""
+
+_WARNED: set[tuple[type, str]] = set()
+"""(dataset class, attribute) pairs already named by the copy-on-read warning in this process."""
+
+
+def _warn_copy_on_read(dataset: Any, method: str) -> None:
+    """Once per dataset class and attribute: a container big enough that the workers multiply it."""
+    for path, words in shared_list.copy_on_read_words(dataset, method):
+        if (type(dataset), path) not in _WARNED:
+            _WARNED.add((type(dataset), path))
+            warnings.warn(words, shared_list.CopyOnReadWarning, stacklevel=3)
 
 
 def _start_workers(num_workers: int | str, machine_share: float) -> int:

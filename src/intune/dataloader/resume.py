@@ -18,12 +18,17 @@ Owns the pieces of ``intune.DataLoader.state_dict()`` that are not the loader's 
   that replays the epoch's draws from it (the loader's own ``generator`` is set to it, as the
   uninterrupted run's was; torch's global generator is only borrowed, then given back, since the
   training loop owns its state).
+- ``encode_bytes`` / ``decode_bytes`` and ``json_safe`` / ``from_json_safe``: a state is JSON (as
+  torchdata's is): a generator's state travels as base64 text, and numpy arrays inside the tuner's state
+  as tagged base64 records, restored on load.
 
 It must not fetch samples, run samplers or hold the loader's epochs (``loader`` and ``sampling`` do).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
 from collections.abc import Iterator, Mapping
@@ -33,13 +38,20 @@ import numpy as np
 
 from intune.checkpoint import ResumeError
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 """The layout version of ``DataLoader.state_dict()``; a state of another version is refused."""
 
 ResumeMismatchError = ResumeError
 """A state that cannot resume this loader: another configuration, or an epoch whose order cannot be
 regenerated (the message names what differs). The name the DataLoader has always raised; the class is
 intune's one resume error, ``intune.checkpoint.ResumeError``."""
+
+
+class FetchModeMismatchError(ResumeMismatchError, AssertionError):
+    """A state taken with ``num_workers=0`` resumed with worker processes, or the reverse: the two hold
+    different things (in-process, the dataset's own ``state_dict()`` and draws from this process's
+    generators; with workers, per-batch seeds). Raised by ``iter(loader)``, where torchdata's
+    ``StatefulDataLoader`` raises ``AssertionError`` for it, so it is one too."""
 
 
 def batch_digest(number: int, keys: np.ndarray) -> int:
@@ -141,12 +153,69 @@ def _type_name(obj: Any) -> str | None:
 
 
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any], what: str) -> None:
-    """Raise ``ResumeMismatchError`` naming every field of ``saved`` that differs from ``current``."""
+    """Raise ``ResumeMismatchError`` naming every field of ``saved`` that differs from ``current``.
+
+    The tuning policy counts only when both loaders are tuned: an untuned one (``tune=None``, or
+    ``num_workers=0``, which fetches in this process) neither holds nor needs a tuner's state, and the
+    rows do not depend on it."""
     fields = sorted(set(saved) | set(current))
+    if saved.get("tune") is None or current.get("tune") is None:
+        fields = [f for f in fields if f != "tune"]
     differ = [f for f in fields if saved.get(f, "<absent>") != current.get(f, "<absent>")]
     if differ:
         words = "; ".join(f"{f}: saved {saved.get(f, '<absent>')!r}, now {current.get(f, '<absent>')!r}" for f in differ)
         raise ResumeMismatchError(f"{what}: the state is from another configuration ({words})")
+
+
+def encode_bytes(array: np.ndarray) -> str:
+    """A uint8 array (a generator's state) as base64 text, for a JSON state."""
+    return base64.b64encode(np.ascontiguousarray(array, dtype=np.uint8).tobytes()).decode("ascii")
+
+
+def decode_bytes(text: str, what: str) -> np.ndarray:
+    """``encode_bytes``'s text back to a uint8 array; anything else raises naming ``what``."""
+    try:
+        return np.frombuffer(base64.b64decode(text.encode("ascii"), validate=True), dtype=np.uint8).copy()
+    except (AttributeError, TypeError, ValueError, binascii.Error) as exc:
+        raise ResumeMismatchError(f"intune.DataLoader state: {what} is not base64 bytes ({exc!r})") from exc
+
+
+_ARRAY = "__ndarray__"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with numpy arrays as ``{"__ndarray__": base64, "dtype", "shape"}`` records, numpy
+    scalars as Python numbers and tuples as lists, so ``json.dumps`` takes it; ``from_json_safe``
+    restores the arrays. Dict keys must be strings already (JSON would turn others into strings)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError("intune.DataLoader state: an object array cannot be stored as JSON")
+        data = base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii")
+        return {_ARRAY: data, "dtype": value.dtype.str, "shape": list(value.shape)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"intune.DataLoader state: key {key!r} is not a string (JSON would change it)")
+            out[key] = json_safe(item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def from_json_safe(value: Any) -> Any:
+    """The inverse of ``json_safe``: its array records back to numpy arrays."""
+    if isinstance(value, Mapping):
+        if _ARRAY in value and set(value) == {_ARRAY, "dtype", "shape"}:
+            raw = base64.b64decode(str(value[_ARRAY]).encode("ascii"))
+            return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
+        return {key: from_json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [from_json_safe(v) for v in value]
+    return value
 
 
 def generator_state(generator: Any) -> np.ndarray:
@@ -155,6 +224,17 @@ def generator_state(generator: Any) -> np.ndarray:
 
     state = torch.get_rng_state() if generator is None else generator.get_state()
     return state.numpy().copy()
+
+
+def set_generator_state(generator: Any, state: np.ndarray) -> None:
+    """Set ``generator`` (torch's global CPU generator when None) to ``state``, for good."""
+    import torch
+
+    tensor = torch.from_numpy(np.ascontiguousarray(state, dtype=np.uint8).copy())
+    if generator is None:
+        torch.set_rng_state(tensor)
+    else:
+        generator.set_state(tensor)
 
 
 @contextlib.contextmanager
@@ -187,10 +267,16 @@ def replaying(generator: Any, state: np.ndarray | None) -> Iterator[None]:
 __all__ = [
     "STATE_FORMAT",
     "Delivered",
+    "FetchModeMismatchError",
     "ResumeMismatchError",
     "batch_digest",
     "check_fingerprint",
+    "decode_bytes",
+    "encode_bytes",
     "fingerprint",
+    "from_json_safe",
     "generator_state",
+    "json_safe",
     "replaying",
+    "set_generator_state",
 ]

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from intune.dataloader.errors import DatasetPickleError
+from intune.dataloader.errors import DatasetPickleError, init_failure
 from intune.dataloader.fetch import INHERITED, NUMBER, Fetcher, WorkerFetcher
 from intune.dataloader.transport import nbytes
 from intune.pipeline.channel import Item
 from intune.pipeline.forked import fork_child
-from intune.pipeline.procworker import ProcessWorker
+from intune.pipeline.procworker import ProcessWorker, WorkerDied, WorkerInitError
 from intune.pipeline.stages import MapStage
 
 
@@ -67,6 +67,27 @@ class FetchStage(MapStage):
             return ProcessWorker(cloudpickle.dumps(worker), f"{label}-w{index}", launch=fork_child)
         worker = WorkerFetcher(index, self._seed(), workers, self._blob, self.worker_init_fn)
         return ProcessWorker(cloudpickle.dumps(worker), f"{label}-w{index}")
+
+    def start(self, epoch: Any, inp: Any) -> Any:
+        """As ``MapStage.start``, after the process workers the epoch starts with have started (persistent
+        ones already have): a ``worker_init_fn`` that raises fails ``iter(loader)``, with its own class,
+        before any batch is sent, as torchdata's ``StatefulDataLoader`` does."""
+        if self.mode == "process":
+            label = f"{epoch.label}-{self.name}"  # the label MapStage.start gives the pool's workers
+            workers = [self.process_worker(index, label) for index in range(self.workers())]
+            for worker in workers:
+                worker.ensure_started()  # all at once: a spawned interpreter takes a second
+            for worker in workers:
+                try:
+                    worker.wait_ready()
+                except WorkerDied:
+                    pass  # the pool restarts it, as any worker that dies, and gives up after three deaths
+                except WorkerInitError as exc:
+                    error = init_failure(str(exc), exc.remote_traceback, self.fn.dataset_name)
+                    if error is None:
+                        raise
+                    raise error from exc
+        return super().start(epoch, inp)
 
     def _result(self, out: Any, item: Item) -> list[Item]:
         # the batch's number rides along (the sampler's source numbered it), for the loader's resume state

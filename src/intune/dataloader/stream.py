@@ -1,29 +1,34 @@
 """An iterable dataset's epoch: one stream, batched and collated in the loader's own process.
 
-Owns ``StreamSource``, the pipeline's source for an ``IterableDataset``: it iterates the dataset once
-per epoch, takes ``batch_size`` samples at a time (the last batch shorter unless ``drop_last``) and
-collates them, as torch's DataLoader does with ``num_workers=0``; ``get_worker_info()`` is ``None``
-there, so a dataset that shards itself by worker yields every row, once. An iterable is not split
-among workers: its rows can only be divided by the dataset itself, for a fixed number of workers, and
-a live-resized worker count would lose or repeat rows. An exception in the dataset or ``collate_fn``
-reaches the training loop as it was raised and ends the epoch.
+Owns ``StreamSource``, the pipeline's source for an ``IterableDataset``: it takes ``batch_size``
+samples at a time from the epoch's iterator (the last batch shorter unless ``drop_last``) and collates
+them, as torch's DataLoader does with ``num_workers=0``; ``get_worker_info()`` is ``None`` there, so a
+dataset that shards itself by worker yields every row, once. An iterable is not split among workers:
+its rows can only be divided by the dataset itself, for a fixed number of workers, and a live-resized
+worker count would lose or repeat rows. An exception in the dataset or ``collate_fn`` reaches the
+training loop as it was raised and ends the epoch.
 
-Resume (``resume_at``): a dataset with ``state_dict()`` / ``load_state_dict()`` (torchdata's
-``Stateful``) has its state taken right after each batch is drawn; the state travels with the batch,
-so the loader keeps the one of the last batch delivered (batches read ahead into the prefetch buffer
-are not delivered) and a resume loads it before iterating. A dataset without them is iterated again
-from its start and the delivered batches' samples are read and dropped, not collated: that costs
-reading them once more, and it is only right if the dataset yields the same samples in the same order
-each time it is iterated (the loader cannot check it). It must not know about samplers.
+The epoch's iterator is made by the loader, on its own thread, at ``iter(loader)`` (``begin``):
+``iter(dataset)`` is called once per epoch, and samples are then taken with ``next()`` alone (never
+``iter()`` again: a dataset whose ``__iter__`` resets itself and returns ``self`` would start over).
+
+Resume (``dataset_state``): the dataset's and its iterator's ``state_dict()`` are taken every
+``snapshot_every`` batches, right after the batch's samples are drawn, and travel with that batch, so
+the loader keeps the snapshot of the last batch delivered (batches read ahead into the prefetch
+buffer are not delivered); another is taken at the end of the stream (``end_snapshot``). A resume
+restores the latest snapshot (``dataset_state.restore``) and reads again, without collating, the
+batches delivered after it (``begin``'s ``skip``): with a snapshot at every batch, none. A dataset
+that keeps no state is restored by reading every delivered batch again, which is right only if it
+yields the same samples in the same order each time it is iterated (the loader cannot check it). It
+must not know about samplers.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from intune.dataloader import dataset_state
 from intune.dataloader.fetch import DATASET_STATE, NUMBER, OBJECT
 from intune.dataloader.transport import nbytes
 from intune.pipeline.channel import Item
@@ -43,59 +48,63 @@ class StreamSource(Source):
         batch_size: int | None,
         drop_last: bool,
         name: str,
+        snapshot_every: int | None = 1,
     ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.name = name
-        self._resume: tuple[int, Any] | None = None
+        self.snapshot_every = snapshot_every or 0  # 0: at the epoch's start and end only
+        self._next: tuple[Iterator[Any], int, int, bool] | None = None
+        self.end_snapshot: dataset_state.Snapshot | None = None  # set when the epoch's stream ran out
 
-    @property
-    def stateful(self) -> bool:
-        """Whether the dataset saves and loads its own position (torchdata's ``Stateful``)."""
-        return callable(getattr(self.dataset, "state_dict", None)) and callable(
-            getattr(self.dataset, "load_state_dict", None)
-        )
-
-    def resume_at(self, batches: int, dataset_state: Any) -> None:
-        """Make the next epoch start after its first ``batches`` batches: from ``dataset_state`` (the
-        dataset's state after them) when the dataset is stateful, else by reading them again."""
-        self._resume = (int(batches), dataset_state)
-
-    def _samples(self) -> tuple[Iterator[Any], int]:
-        """The epoch's samples, positioned after the batches a resume skips, and the next batch's number."""
-        resume, self._resume = self._resume, None
-        if resume is None or resume[0] == 0:
-            return iter(self.dataset), 0
-        skip, state = resume
-        if self.stateful and state is not None:
-            self.dataset.load_state_dict(state)
-            return iter(self.dataset), skip
-        samples = iter(self.dataset)
-        per_batch = 1 if self.batch_size is None else self.batch_size
-        for _ in itertools.islice(samples, skip * per_batch):
-            pass
-        return samples, skip
+    def begin(self, iterator: Iterator[Any], skip: int = 0, first: int = 0) -> None:
+        """The next epoch reads ``iterator`` (from ``iter(dataset)`` or a restored snapshot): it first
+        reads and drops ``skip`` batches' samples, then numbers its batches from ``first``."""
+        snapshots = dataset_state.resumable(self.dataset, iterator)
+        self._next = (iterator, int(skip), int(first), snapshots)
+        self.end_snapshot = None
 
     def stream(self) -> Iterator[Item]:
-        samples, start = self._samples()
-        stateful = self.stateful
-        for number in itertools.count(start):
-            if self.batch_size is None:
-                sample = next(samples, _DONE)
-                if sample is _DONE:
-                    return
-                batch, rows = self.collate_fn(sample), 1
-            else:
-                group = list(itertools.islice(samples, self.batch_size))
-                if not group or (self.drop_last and len(group) < self.batch_size):
-                    return
-                batch, rows = self.collate_fn(group), len(group)
+        pending, self._next = self._next, None
+        if pending is None:
+            raise RuntimeError("intune.DataLoader: an iterable epoch started without begin()")
+        samples, skip, number, snapshots = pending
+        per_batch = 1 if self.batch_size is None else self.batch_size
+        for _ in range(skip * per_batch):
+            if next(samples, _DONE) is _DONE:
+                break
+        every = self.snapshot_every
+        while True:
+            batch, rows = self._batch(samples)
+            if batch is _DONE:
+                break
             chunk = {OBJECT: batch, NUMBER: number}
-            if stateful:
-                chunk[DATASET_STATE] = copy.deepcopy(self.dataset.state_dict())
+            if snapshots and every and (number + 1) % every == 0:
+                chunk[DATASET_STATE] = dataset_state.take(self.dataset, samples, number + 1)
             yield Item(chunk, Origin((Segment(self, number, 0, rows),)), rows, nbytes(batch))
+            number += 1
+        # after the iterator ran out: a dataset that moves to its next epoch there (a counter, a reset
+        # position) has its end-of-epoch state saved, so a checkpoint between epochs resumes the next one
+        if snapshots:
+            self.end_snapshot = dataset_state.take(self.dataset, samples, number)
+
+    def _batch(self, samples: Iterator[Any]) -> tuple[Any, int]:
+        """The next collated batch and its rows, or ``_DONE`` when the iterator ran out (``next()`` only:
+        ``itertools.islice`` would call ``iter()`` on it, which restarts a dataset that is its own iterator)."""
+        if self.batch_size is None:
+            sample = next(samples, _DONE)
+            return (_DONE, 0) if sample is _DONE else (self.collate_fn(sample), 1)
+        group = []
+        for _ in range(self.batch_size):
+            sample = next(samples, _DONE)
+            if sample is _DONE:
+                break
+            group.append(sample)
+        if not group or (self.drop_last and len(group) < self.batch_size):
+            return _DONE, 0
+        return self.collate_fn(group), len(group)
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
         return f"batch #{unit} of iterable dataset {self.name}"

@@ -314,6 +314,28 @@ class ProcessWorker:
         if self._proc is None:
             self.start()
 
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Start the child if it has none and wait until it has loaded the function: ``WorkerInitError``
+        if it could not (the child is ended), ``WorkerDied`` if it died first. For a caller that must
+        report a failed start before any chunk is sent; a child with chunks in flight, or whose start was
+        seen already, returns at once, and past ``timeout_s`` the first ``collect`` reports it instead."""
+        self.ensure_started()
+        if self._pending or self._last_reply:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._poller.poll(100):
+                continue
+            try:
+                reply = recv(self._conn)
+            except (EOFError, OSError):
+                raise WorkerDied(self._exitcode()) from None
+            if reply[1] == _INIT_ERROR:
+                self.kill()
+                raise WorkerInitError(reply[2], reply[3])
+            self._last_reply = time.monotonic()
+            return
+
     def submit(self, chunk: dict) -> None:
         """Send ``chunk`` to the child (at most ``SLOTS`` uncollected). A dead child shows in ``collect``."""
         if len(self._pending) >= SLOTS:
