@@ -113,6 +113,25 @@ def test_past_the_memory_margin_buffers_must_shrink_and_nothing_grows():
     assert mask[1].tolist() == [True, True, False, False, False]  # the buffer: only -5 or -1
 
 
+def test_behind_a_base_past_the_margin_measured_workers_still_grow_one_at_a_time():
+    # 84 GB of 100 used outside any buffer (past the 0.8 margin), three stages whose workers measure 50 MB
+    # each: three +1s would fit under the ceiling at their measured price, but the memory reading's noise
+    # there (2% of 84 GB) is far above a worker, so one worker is added a tick, the most preferred
+    values = {"a.workers": 2, "b.workers": 2, "c.workers": 2}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    obs = _obs(values, cpus=64, used_gb=84.0, limit_gb=100.0)
+    obs = dataclasses.replace(obs, stages=tuple(dataclasses.replace(s, worker_bytes=50 * MB) for s in obs.stages))
+    mask = safety.mask(obs)
+    assert mask[:, 3].all()
+    scores = np.zeros((3, 5))
+    scores[:, 3], scores[:, 4] = [1.0, 3.0, 2.0], [0.5, 4.0, 1.0]  # b prefers +5
+    assert safety.moves(safety.select(scores, mask, obs), obs).tolist() == [0, 1, 0]
+    # with room under the margin, the same preferences all apply
+    roomy = _obs(values, cpus=64, used_gb=10.0, limit_gb=100.0)
+    roomy = dataclasses.replace(roomy, stages=tuple(dataclasses.replace(s, worker_bytes=50 * MB) for s in roomy.stages))
+    assert safety.moves(safety.select(scores, safety.mask(roomy), roomy), roomy).tolist() == [1, 5, 1]
+
+
 def test_a_base_past_the_margin_still_lets_workers_grow_a_step_under_the_ceiling():
     # 84 GB of a 100 GB limit used outside any buffer: no buffer cut reaches the 0.8 margin, so workers may
     # still grow (each priced at most PROBE_WORKER_BYTES until measured) while under WORKER_CEILING (0.97);

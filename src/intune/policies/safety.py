@@ -433,14 +433,21 @@ class SafetyLayer:
             return -np.inf
         if obs.memory_limit_bytes <= 0 or budget >= 0:
             return budget
+        if not self._under_ceiling(obs, values):
+            return budget
+        settled = self.worst_case_memory(obs, values) + max(0.0, self.settled_memory(obs) - obs.memory_used_bytes)
+        return WORKER_CEILING * obs.memory_limit_bytes - settled
+
+    def _under_ceiling(self, obs: Observation, values: Sequence[int]) -> bool:
+        """Whether workers may grow only under ``WORKER_CEILING`` (``worker_budget``): memory that no buffer
+        cut can free is past the margin."""
+        if obs.memory_limit_bytes <= 0 or self.memory_budget(obs, values) >= 0:
+            return False
         mb = self._mb
         buffered = {s.name: s.buffered_bytes for s in obs.stages}
         held = np.array([buffered.get(self._stages[k], 0.0) for k in mb])
         floor = obs.memory_used_bytes - float(np.maximum(held - self._lo[mb, 0] * float(MB), 0.0).sum())
-        if floor <= self.margin * obs.memory_limit_bytes:
-            return budget
-        settled = self.worst_case_memory(obs, values) + max(0.0, self.settled_memory(obs) - obs.memory_used_bytes)
-        return WORKER_CEILING * obs.memory_limit_bytes - settled
+        return floor > self.margin * obs.memory_limit_bytes
 
     def settled_memory(self, obs: Observation) -> float:
         """An upper confidence bound of the memory used now, less noisy than one reading.
@@ -665,6 +672,18 @@ class SafetyLayer:
         cost = costs(False)
         if float(np.sum(cost)) > mem_budget:  # the refined price (never higher) only where the coarse one binds
             cost = costs(True)
+        rising_workers = [k for k, m in enumerate(moves) if m > 0 and is_cpu[k]]
+        if (len(rising_workers) > 1 or any(moves[k] > 1 for k in rising_workers)) and self._under_ceiling(obs, values):
+            # near the limit behind a base past the margin, workers grow one at a time: the memory reading's
+            # noise there is larger than a measured worker, so each step is checked on memory before the next
+            rows = masked.tolist()
+            keep = max(rising_workers, key=lambda k: rows[k][picks[k]] - rows[k][self.zero])
+            for k in rising_workers:
+                picks[k], cost[k], moves[k] = self.zero, 0.0, 0
+            one = self._delta_list.index(1)
+            if rows[keep][one] > -np.inf:  # the +1 is allowed (the mask): that one step
+                picks[keep], moves[keep] = one, 1
+                cost[keep] = self.stage_worker_bytes(obs).tolist()[keep]
         if float(np.sum(cost)) > mem_budget:
             rising = [k for k, m in enumerate(moves) if m > 0]
             rows = masked.tolist()
