@@ -3,6 +3,8 @@ Ray actor) that loads them imports neither pytest nor Ray."""
 
 from __future__ import annotations
 
+import glob
+import os
 import sys
 import time
 
@@ -21,10 +23,45 @@ def busy_row(row: dict) -> dict:
     return {"id": row["id"], "x2": row["x"] * 2.0}
 
 
+def after_remote_workers_ran(marker: str, fn, arg, remotes: int = 1):
+    """``fn(arg)``, where a remote worker first marks that it ran (a file ``<marker>.<its pid>``) and a local
+    worker waits until ``remotes`` remote workers did before it runs (within a hang bound): that much of
+    the epoch goes to the remote workers however slow they are to start on a busy machine, since the
+    local workers cannot do it all first."""
+    if on_ray():
+        mine = f"{marker}.{os.getpid()}"
+        if not os.path.exists(mine):
+            open(mine, "w").close()
+    else:
+        deadline = time.monotonic() + 120
+        while len(glob.glob(glob.escape(marker) + ".*")) < remotes and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return fn(arg)
+
+
 def busy_chunk(chunk: dict) -> dict:
     """A chunk that takes 20 ms, so that chunks are in flight when a test acts."""
     time.sleep(0.02)
     return {"id": chunk["id"], "x2": chunk["x"] * 2.0}
+
+
+def held_on_ray(marker: str, node_id: str, chunk: dict) -> dict:
+    """``busy_chunk``, except that a remote worker (on node ``node_id``, or on any if it is empty) holds
+    the chunk until a file at ``marker`` exists (within a hang bound), after saying so with a file at
+    ``marker + ".held"``: a test removes the node meanwhile, so that a chunk is in flight there when it
+    goes and the local workers cannot end the epoch first, however slow or fast each side is."""
+    if on_ray() and (not node_id or _node_id() == node_id):
+        open(marker + ".held", "a").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return busy_chunk(chunk)
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
 
 
 def slow_chunk(chunk: dict) -> dict:

@@ -6,6 +6,8 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -210,3 +212,60 @@ def test_save_replaces_atomically_and_fsyncs(tmp_path, monkeypatch):
     path = save_checkpoint(tmp_path / "ck", {"step": 1}, kind="x")
     assert len(synced) == 2  # the file, then its directory
     assert load_checkpoint(path) == {"step": 1}
+
+
+_STALLED_WRITER = """
+import os, sys, time
+import numpy as np
+from intune.checkpoint import save_checkpoint
+
+def stall(fd):  # a slow disk: the bytes are written, the fsync never returns
+    print("WRITING", flush=True)
+    time.sleep(600)
+
+os.fsync = stall
+save_checkpoint(sys.argv[1], {"step": 2, "a": np.ones(1 << 20)}, kind="x")
+"""
+
+
+def _temporaries(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_the_next_save_removes_what_a_killed_save_left_but_not_a_live_writers_file(tmp_path):
+    path = save_checkpoint(tmp_path / "ck", {"step": 1}, kind="x")
+    other = save_checkpoint(tmp_path / "ck.1", {"step": 1}, kind="x")  # another checkpoint's name
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _STALLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert writer.stdout.readline().strip() == "WRITING"  # stalled mid-save, holding its temporary file
+        [left] = _temporaries(tmp_path)
+        assert left.startswith(".ck.") and (tmp_path / left).stat().st_size > 8 << 20
+        save_checkpoint(path, {"step": 3}, kind="x")  # a save beside a live writer leaves its file alone
+        assert _temporaries(tmp_path) == [left]
+        writer.kill()  # SIGKILL mid-write: nothing cleans up after it
+        writer.wait(timeout=30)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert _temporaries(tmp_path) == [left]
+    save_checkpoint(other, {"step": 4}, kind="x")  # another checkpoint's save is not this one's
+    assert _temporaries(tmp_path) == [left]
+    save_checkpoint(path, {"step": 5}, kind="x")
+    assert _temporaries(tmp_path) == []
+    assert load_checkpoint(path) == {"step": 5} and load_checkpoint(other) == {"step": 4}
+
+
+def test_a_temporary_file_without_a_writer_is_removed_but_not_a_symlink_or_another_name(tmp_path):
+    path = save_checkpoint(tmp_path / "ck", {"step": 1}, kind="x")
+    half = checkpoint.dumps_checkpoint({"step": 2}, kind="x")
+    (tmp_path / ".ck.k2j4h5g6.tmp").write_bytes(half[: len(half) // 2])  # as an older intune left it
+    (tmp_path / "target").write_bytes(b"keep")
+    (tmp_path / ".ck.symlinked.tmp").symlink_to(tmp_path / "target")
+    (tmp_path / ".ck.notmine.tmp.bak").write_bytes(b"keep")
+    save_checkpoint(path, {"step": 3}, kind="x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ck.notmine.tmp.bak", ".ck.symlinked.tmp", "ck", "target"]
+    assert (tmp_path / "target").read_bytes() == b"keep"

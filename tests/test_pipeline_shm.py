@@ -151,7 +151,9 @@ def test_a_pipeline_with_chunks_larger_than_dev_shm_finishes_and_warns(tmp_path)
         assert np.array_equal(np.sort(ids), np.arange(start)), "rows lost or repeated"
         assert all(np.array_equal(x, np.arange(len(x), dtype=np.float32)) for _, x in got)
         print("ROWS", len(ids))
-        print("LEFT", *[f for f in os.listdir("/dev/shm") if f.startswith("intune-")])
+        from intune.pipeline import shm
+        held = shm.owner_prefix()[:-1] + ".lock"  # this process's lock: held for its life, gone at its exit
+        print("LEFT", *[f for f in os.listdir("/dev/shm") if f.startswith("intune-") and f != held])
         """
     )
     done = _run_with_small_shm(
@@ -217,41 +219,207 @@ def test_sigkilled_consumer_leaves_no_worker_and_no_segment(tmp_path):
     assert _segments_of(proc.pid, fallback) == []
 
 
-def test_sweep_removes_dead_processes_segments_only(tmp_path, monkeypatch):
+_OWNER_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import numpy as np
+    import intune
+
+    def slow(chunk):
+        time.sleep(0.005)
+        return {"id": chunk["id"] + 0}
+
+    n = 200_000
+    chunks = [{"id": np.arange(i, i + 1000)} for i in range(0, n, 1000)]
+    pipe = intune.Pipeline.from_iterable(chunks).map(slow, mode="process", workers=2)
+    with pipe:
+        batches = iter(pipe)
+        ids = [next(batches)["id"].copy() for _ in range(5)]
+        label = f"{pipe.label}-"  # its segments' names: <owner prefix><label>...
+        [prefix] = {n.split(label)[0] for n in os.listdir("/dev/shm") if label in n}
+        print("OWNER", os.getpid(), prefix, *pipe.stage("map").worker_pids(), flush=True)
+        sys.stdin.readline()  # the test sweeps now
+        ids += [b["id"].copy() for b in batches]
+    ids = np.sort(np.concatenate(ids))
+    print("EXACTLY_ONCE", bool(np.array_equal(ids, np.arange(n))), flush=True)
+    """
+)
+
+
+def _owned(prefix: str, fallback) -> list[str]:
+    """The segments of the owner with ``prefix`` (``intune-<pid>-<nonce>-``) and its lock files."""
+    lock = prefix[:-1] + ".lock"
+    return [n for d in ("/dev/shm", fallback) for n in _ours(d, prefix[:-1]) if n.startswith(prefix) or n == lock]
+
+
+def _free_pid_run(length: int = 64) -> int:
+    """A pid with ``length`` free pids from it in this PID namespace (no such process here)."""
+    for start in range(31000, 2000, -length):
+        if not any(os.path.exists(f"/proc/{pid}") for pid in range(start, start + length)):
+            return start
+    pytest.skip("no run of free pids in this PID namespace")
+
+
+@lru_cache(maxsize=1)
+def _no_pid_namespaces() -> str:
+    """Why a process cannot be started in a PID namespace of its own here ('' if it can)."""
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    probe = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", "echo 999 > /proc/sys/kernel/ns_last_pid"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare --pid failed: {exc}"
+    if done.returncode != 0:
+        return f"unshare --pid / ns_last_pid not permitted: {done.stderr.strip()}"
+    return ""
+
+
+def test_the_sweep_spares_a_live_trainer_in_another_pid_namespace_and_removes_it_once_gone(tmp_path, monkeypatch):
+    """Two containers sharing /dev/shm: the other trainer's pid names no process here, yet it lives."""
+    why = _no_pid_namespaces()
+    if why:
+        pytest.skip(f"needs a PID namespace: {why}")
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    monkeypatch.setenv(shm.FALLBACK_ENV, str(fallback))  # this process sweeps there too
+    script = tmp_path / "owner.py"
+    script.write_text(_OWNER_SCRIPT)
+    foreign = _free_pid_run()
+    # in its own PID namespace, the trainer gets pid ``foreign`` (its workers the pids after it), which
+    # no process has in this one; --kill-child: the namespace dies (SIGKILL, workers included) with unshare
+    inner = f'echo {foreign - 1} > /proc/sys/kernel/ns_last_pid && "$0" "$1"'
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", inner, sys.executable, str(script)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_child_env(INTUNE_SHM_FALLBACK_DIR=str(fallback)),
+    )
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["OWNER"], line
+        pid, prefix = int(line[1]), line[2]
+        assert pid == foreign and not shm.pid_alive(pid), "the trainer's pid names a process here"
+        live = _owned(prefix, fallback)
+        assert live, "the trainer made no segments"
+        shm.sweep_stale()
+        assert [s for s in live if s not in _owned(prefix, fallback)] == [], "a live trainer's segments were swept"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().split() == ["EXACTLY_ONCE", "True"]
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        assert _owned(prefix, fallback) == []  # it cleaned up after itself, lock file included
+        # now a trainer that is SIGKILLed with its workers: nothing of it can clean up
+        proc = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", inner, sys.executable, str(script)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=_child_env(INTUNE_SHM_FALLBACK_DIR=str(fallback)),
+        )
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["OWNER"], line
+        prefix = line[2]
+        proc.kill()  # unshare dies, and with it the namespace's every process
+        proc.wait(timeout=30)
+        left = _owned(prefix, fallback)
+        assert any(n.endswith(".lock") for n in left) and any(not n.endswith(".lock") for n in left), left
+        deadline = time.monotonic() + 30  # the namespace's processes are gone within moments
+        while _owned(prefix, fallback):
+            assert time.monotonic() < deadline, f"a gone trainer's files were left: {_owned(prefix, fallback)}"
+            shm.sweep_stale()
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+_FOREIGN_OWNER = textwrap.dedent(
+    """
+    import os, sys
+    dead = int(sys.argv[1])
+    os.getpid = lambda: dead  # what a pid of another PID namespace looks like from here
+    from intune.pipeline import shm
+    segment = shm.Segment(shm.owner_prefix() + "px1-map-w0-in0-")
+    segment.ensure(1 << 16)
+    print("SEGMENT", segment.path, flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_segment_whose_pid_is_dead_here_survives_while_its_owner_holds_the_lock():
+    """The same without a PID namespace (no root needed): the owner's recorded pid is not a live pid
+    here, the owner itself is alive and holds its lock."""
+    dead = _dead_pid()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _FOREIGN_OWNER, str(dead)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env=_child_env(),
+    )
+    try:
+        line = owner.stdout.readline().split()
+        assert line[:1] == ["SEGMENT"], line
+        path = line[1]
+        assert os.path.basename(path).startswith(f"intune-{dead}-") and not shm.pid_alive(dead)
+        shm.sweep_stale()
+        assert os.path.exists(path), "the segment of a live owner was swept"
+    finally:
+        owner.kill()
+        owner.wait()
+    assert os.path.exists(path)  # SIGKILLed: it could not clean up
+    assert shm.sweep_stale() >= 1
+    assert not os.path.exists(path)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(os.path.basename(path).rsplit("-px1", 1)[0])]
+
+
+def test_the_sweep_leaves_what_it_cannot_prove_gone(tmp_path, monkeypatch):
+    """Names without a lock file beside them (an older intune's, a stranger's), directories, symlinks."""
     fallback = tmp_path / "fallback"
     fallback.mkdir()
     monkeypatch.setenv(shm.FALLBACK_ENV, str(fallback))
     dead = _dead_pid()
-    sleeper = subprocess.Popen(["sleep", "60"])
-    stale = [f"/dev/shm/intune-{dead}-px1-map-w0-in0-0", f"{fallback}/intune-{dead}-px1-map-w0-g1-out1-2"]
-    live = [f"/dev/shm/intune-{sleeper.pid}-px1-map-w0-in0-0", f"{fallback}/intune-{os.getpid()}-sweeptest-0"]
-    other = [f"{fallback}/intune-notapid-0", f"{fallback}/intune-{dead}-a-directory"]
+    left = [
+        f"/dev/shm/intune-{dead}-px1-map-w0-in0-0",  # the old naming: only a pid
+        f"{fallback}/intune-{dead}-0badc0de-px1-map-w0-in0-0",  # no lock file beside it
+        f"{fallback}/intune-notapid-0",
+    ]
     try:
-        for path in stale + live + other[:1]:
+        for path in left:
             with open(path, "wb") as f:
                 f.write(b"x")
-        os.mkdir(other[1])
-        assert shm.sweep_stale() >= 2
-        assert [p for p in stale if os.path.exists(p)] == []
-        assert [p for p in live + other if not os.path.exists(p)] == []
+        os.mkdir(f"{fallback}/intune-{dead}-12345678-a-directory")
+        open(f"{fallback}/intune-{dead}-12345678.lock", "wb").close()  # a gone owner's lock
+        os.symlink("/etc/hostname", f"{fallback}/intune-{dead}-12345678-link")
+        shm.sweep_stale()
+        assert [p for p in left if not os.path.exists(p)] == []
+        assert os.path.isdir(f"{fallback}/intune-{dead}-12345678-a-directory")
+        assert os.path.lexists(f"{fallback}/intune-{dead}-12345678-link") and os.path.exists("/etc/hostname")
+        assert not os.path.exists(f"{fallback}/intune-{dead}-12345678.lock")
     finally:
-        sleeper.kill()
-        sleeper.wait()
-        for path in stale + live + other[:1]:
+        for path in left:
             if os.path.exists(path):
                 os.unlink(path)
-        os.rmdir(other[1])
 
 
-def test_a_fresh_process_sweeps_leftovers_when_its_first_worker_starts(tmp_path):
+def test_a_fresh_process_sweeps_what_a_killed_trainer_and_its_workers_left(tmp_path):
     fallback = tmp_path / "fallback"
     fallback.mkdir()
-    dead = _dead_pid()
-    stale = [f"/dev/shm/intune-{dead}-px9-map-w1-in1-3", f"{fallback}/intune-{dead}-px9-map-w1-in0-0"]
-    live = f"/dev/shm/intune-{os.getpid()}-sweeptest-in0-0"
-    for path in [*stale, live]:
-        with open(path, "wb") as f:
-            f.write(b"x" * 4096)
+    env = _child_env(INTUNE_SHM_FALLBACK_DIR=str(fallback))
+    script = tmp_path / "owner.py"
+    script.write_text(_OWNER_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["OWNER"], line
+        prefix, workers = line[2], [int(p) for p in line[3:]]
+        for pid in workers:  # the workers first, so that none is left to clean up after the trainer
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = _owned(prefix, fallback)
+    assert any(n.endswith(".lock") for n in left) and any(not n.endswith(".lock") for n in left), left
     script = textwrap.dedent(
         """
         import numpy as np, intune
@@ -260,18 +428,9 @@ def test_a_fresh_process_sweeps_leftovers_when_its_first_worker_starts(tmp_path)
             assert sum(len(b["id"]) for b in pipe) == 10
         """
     )
-    try:
-        env = _child_env(INTUNE_SHM_FALLBACK_DIR=str(fallback))
-        done = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
-        )
-        assert done.returncode == 0, done.stderr
-        assert [p for p in stale if os.path.exists(p)] == []
-        assert os.path.exists(live), "a live process's segment was swept"
-    finally:
-        for path in [*stale, live]:
-            if os.path.exists(path):
-                os.unlink(path)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert _owned(prefix, fallback) == []
 
 
 # ---- a function the worker cannot load ----------------------------------------------------------------
@@ -335,7 +494,7 @@ def test_chunk_timeout_kills_the_hung_child_and_restart_resends_the_chunk(tmp_pa
         assert worker.collect(stop, timeout_s=60.0)[0]["id"].tolist() == list(range(10, 20))
     finally:
         worker.close()
-    assert _ours("/dev/shm", f"intune-{os.getpid()}-timeout") == []
+    assert _ours("/dev/shm", f"{shm.owner_prefix()}timeout") == []
 
 
 def test_a_queued_chunk_is_not_charged_for_the_chunk_ahead_of_it():

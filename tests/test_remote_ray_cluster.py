@@ -5,11 +5,14 @@ node removed mid-epoch, the whole cluster gone, a remote function's error, nothi
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import numpy as np
@@ -18,7 +21,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from _exactly_once import assert_exactly_once, assert_same_order, delivered_ids
-from _remote_udfs import busy_chunk, busy_row, fails_on_ray, fails_row_on_ray, id_chunks, slow_chunk
+from _remote_udfs import (
+    after_remote_workers_ran,
+    busy_chunk,
+    busy_row,
+    fails_on_ray,
+    fails_row_on_ray,
+    held_on_ray,
+    id_chunks,
+    slow_chunk,
+)
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install intune[ray])")
 
@@ -27,7 +39,7 @@ from intune.pipeline import remote_ray  # noqa: E402
 from intune.pipeline.errors import ClusterError, StageError  # noqa: E402
 
 NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
-HANG_S = 60  # generous bound on anything a test waits for (the cluster shares 2 busy cores)
+HANG_S = 120  # generous bound on anything a test waits for (the cluster shares 2 busy cores)
 
 
 @pytest.fixture(scope="module")
@@ -71,24 +83,38 @@ def _cluster_is_idle() -> bool:
     )
 
 
+def _two_actors_busy() -> intune.Pipeline:
+    """A pipeline of ``slow_chunk`` whose 2 actors both run chunks before its local worker runs any (so
+    that its epoch cannot end before they start, however slow the machine)."""
+    marker = os.path.join(tempfile.mkdtemp(prefix="intune-test-"), "ran")
+    fn = functools.partial(after_remote_workers_ran, marker, slow_chunk, remotes=2)
+    return intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
+        fn, name="udf", mode="process", remote="ray", remote_workers=2
+    ).batch(100)
+
+
 def _live_actors() -> int:
     from ray._private import state
 
     return sum(1 for a in state.actors().values() if a["State"] != "DEAD")
 
 
-def test_an_epoch_is_delivered_exactly_once_with_remote_workers_resized_live(cluster):
+def test_an_epoch_is_delivered_exactly_once_with_remote_workers_resized_live(cluster, tmp_path):
     n, rows = 6000, 50
+    marker = tmp_path / "a-remote-worker-ran"
     pipe = (
         intune.Pipeline.from_iterable(id_chunks(n, rows))
-        .map_rows(busy_row, name="udf", remote="ray", remote_workers=2)
+        .map_rows(functools.partial(after_remote_workers_ran, str(marker), busy_row), name="udf", remote="ray", remote_workers=2)
         .batch(200)
     )
     # the epoch starts with 2 started actors (a busy machine may take longer to start one than the
-    # epoch lasts), drops to 1, to 0, starts 2 again, then keeps 1
+    # epoch lasts), drops to 1, to 0, starts 2 again, then keeps 1; the local worker holds back until
+    # an actor ran a chunk of this epoch (on a busy machine it could otherwise do the whole epoch first)
     sizes = {3: 1, 6: 0, 10: 2, 18: 1}
     with pipe:
         _warm(pipe, 2)
+        for mark in tmp_path.glob("a-remote-worker-ran.*"):  # the warm-up epoch's: this epoch's make new ones
+            mark.unlink()
         start = pipe.metrics().stages["udf"].remote_items
         ids, remote_seen = [], 0
         for i, batch in enumerate(pipe):
@@ -113,25 +139,64 @@ def _warm(pipe: intune.Pipeline, actors: int) -> None:
     _wait_for(lambda: ray.available_resources().get("CPU", 0) == 0, f"{actors} actors holding the cluster's CPUs")
 
 
-def test_a_node_removed_mid_epoch_loses_and_repeats_no_row(cluster, caplog):
+class _RemoveWhenHeld:
+    """Removes ``nodes`` from the cluster once a remote worker holds a chunk (``held_on_ray`` says so),
+    on a thread of its own: the epoch's output waits for that chunk until the removal hands it to the
+    other workers. Then lets held chunks go (were the node still there)."""
+
+    def __init__(self, cluster, nodes: list, marker) -> None:
+        self.removed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(cluster, nodes, marker), daemon=True)
+        self._thread.start()
+
+    def _run(self, cluster, nodes: list, marker) -> None:
+        try:
+            _wait_for(lambda: os.path.exists(f"{marker}.held"), "a chunk held on a remote worker")
+            self.removed = True
+        except BaseException as exc:  # noqa: BLE001 - raised by join()
+            self._error = exc
+        finally:  # the nodes go even so: the tests after this one expect the cluster without them
+            for node in nodes:
+                cluster.remove_node(node, allow_graceful=False)
+            marker.touch()
+
+    def join(self) -> None:
+        self._thread.join(HANG_S)
+        if self._error is not None:
+            raise self._error
+
+
+def _held(pipe_of, marker, node_id: str, actors: int) -> intune.Pipeline:
+    """``pipe_of(fn)`` with ``held_on_ray`` for ``fn``, warmed up (chunks not held) with ``actors``."""
+    pipe = pipe_of(functools.partial(held_on_ray, str(marker), node_id))
+    marker.touch()
+    _warm(pipe, actors)
+    marker.unlink()
+    if os.path.exists(f"{marker}.held"):
+        os.unlink(f"{marker}.held")
+    return pipe
+
+
+def test_a_node_removed_mid_epoch_loses_and_repeats_no_row(cluster, caplog, tmp_path):
     extra = cluster.add_node(**NODE)
     cluster.wait_for_nodes()
     n = 4000
-    pipe = intune.Pipeline.from_iterable(id_chunks(n, 20)).map(
-        busy_chunk, name="udf", mode="process", remote="ray", remote_workers=3
-    ).batch(100)
-    with pipe, caplog.at_level(logging.WARNING, logger="intune.pipeline.remote_ray"):
-        _warm(pipe, 3)  # one actor on each of the 3 nodes (1 CPU each)
-        start = pipe.metrics().stages["udf"].remote_items
-        ids, removed = [], False
-        for batch in pipe:
-            ids.append(batch["id"])
-            if not removed and pipe.metrics().stages["udf"].remote_items - start >= 6:
-                cluster.remove_node(extra, allow_graceful=False)  # its actor has chunks in flight
-                removed = True
-        ids = np.concatenate(ids)
-        m = pipe.metrics().stages["udf"]
-    assert removed
+    marker = tmp_path / "release"
+
+    def pipe_of(fn):
+        return intune.Pipeline.from_iterable(id_chunks(n, 20)).map(
+            fn, name="udf", mode="process", remote="ray", remote_workers=3
+        ).batch(100)
+
+    with caplog.at_level(logging.WARNING, logger="intune.pipeline.remote_ray"):
+        # one actor on each of the 3 nodes (1 CPU each); the one on the extra node holds its chunks
+        with _held(pipe_of, marker, extra.node_id, 3) as pipe:
+            remover = _RemoveWhenHeld(cluster, [extra], marker)
+            ids = np.concatenate([batch["id"] for batch in pipe])
+            remover.join()
+            m = pipe.metrics().stages["udf"]
+    assert remover.removed
     assert_exactly_once(ids, range(n))
     assert_same_order(ids, np.arange(n))
     assert m.remote_restarts >= 1, "no chunk was in flight on the removed node"
@@ -142,8 +207,9 @@ def test_a_node_removed_mid_epoch_loses_and_repeats_no_row(cluster, caplog):
 def test_a_remote_function_error_names_the_stage_and_the_chunk_origin(cluster, tmp_path):
     path = tmp_path / "rows.parquet"
     pq.write_table(pa.table({"id": np.arange(2000), "x": np.arange(2000) * 0.5}), path, row_group_size=100)
+    gated = functools.partial(after_remote_workers_ran, str(tmp_path / "a-remote-worker-ran"), fails_on_ray)
     pipe = intune.Pipeline.from_parquet(str(path), chunk_rows=100).map(
-        fails_on_ray, name="udf", mode="process", remote="ray", remote_workers=2
+        gated, name="udf", mode="process", remote="ray", remote_workers=2
     )
     with pipe, pytest.raises(StageError) as info:
         list(pipe)
@@ -154,9 +220,12 @@ def test_a_remote_function_error_names_the_stage_and_the_chunk_origin(cluster, t
     assert "on the remote worker" in message and "fails_on_ray" in message  # the actor's traceback
 
 
-def test_a_remote_row_error_names_the_row_and_skip_leaves_out_that_row_only(cluster):
+def test_a_remote_row_error_names_the_row_and_skip_leaves_out_that_row_only(cluster, tmp_path):
+    def gated(name):  # each pipeline's local worker waits until a remote one ran a row
+        return functools.partial(after_remote_workers_ran, str(tmp_path / name), fails_row_on_ray)
+
     pipe = intune.Pipeline.from_iterable(id_chunks(3000, 100)).map_rows(
-        fails_row_on_ray, name="udf", remote="ray", remote_workers=2
+        gated("raise"), name="udf", remote="ray", remote_workers=2
     )
     with pipe, pytest.raises(StageError) as info:
         list(pipe)
@@ -164,7 +233,7 @@ def test_a_remote_row_error_names_the_row_and_skip_leaves_out_that_row_only(clus
     first = int(message.split("no feature for id ")[1].split("'")[0]) - 34
     assert info.value.stage == "udf" and f"row 34 of a chunk of 100 rows: source 'read' chunk #{first // 100}" in message
     pipe = intune.Pipeline.from_iterable(id_chunks(3000, 100)).map_rows(
-        fails_row_on_ray, name="udf", remote="ray", remote_workers=2, on_error="skip"
+        gated("skip"), name="udf", remote="ray", remote_workers=2, on_error="skip"
     )
     with pipe:
         ids = delivered_ids(pipe)
@@ -180,13 +249,13 @@ def test_close_leaves_no_actor_and_no_object_in_the_cluster(cluster):
     worker = ray._private.worker.global_worker
     gc.collect()
     refs_before = set(worker.core_worker.get_all_reference_counts())
-    pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
-        slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
-    ).batch(100)
-    _pull_until(iter(pipe), lambda: pipe.stage("udf").remote_cpus_held() >= 2
-                and pipe.metrics().stages["udf"].remote_items >= 2)
-    assert not _cluster_is_idle()  # actors hold CPUs, chunks are in flight
-    pipe.close()
+    pipe = _two_actors_busy()
+    try:
+        _pull_until(iter(pipe), lambda: pipe.stage("udf").remote_cpus_held() >= 2
+                    and pipe.metrics().stages["udf"].remote_items >= 2)
+        assert not _cluster_is_idle()  # actors hold CPUs, chunks are in flight
+    finally:
+        pipe.close()  # the test (also when it failed: the tests after it need an idle cluster)
     _wait_for(_cluster_is_idle, "every CPU and object store byte back after close()")
     assert _live_actors() == before
     gc.collect()
@@ -207,9 +276,7 @@ def test_a_dropped_pipeline_and_an_exiting_process_leave_no_actor(cluster):
     _wait_for(_cluster_is_idle, "idle cluster before the test")
 
     def hold_two_actors():
-        pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
-            slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
-        ).batch(100)
+        pipe = _two_actors_busy()
         _pull_until(iter(pipe), lambda: pipe.stage("udf").remote_cpus_held() >= 2)
 
     hold_two_actors()  # the pipeline and its iterator are dropped, never closed
@@ -230,9 +297,7 @@ _KEPT: list = []
 
 def hold_two_actors_for_exit() -> None:
     """In a child process: a pipeline holding two actors, kept referenced until the process exits."""
-    pipe = intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
-        slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
-    ).batch(100)
+    pipe = _two_actors_busy()
     batches = iter(pipe)
     _KEPT.extend([pipe, batches])
     while pipe.stage("udf").remote_cpus_held() < 2:
@@ -241,7 +306,7 @@ def hold_two_actors_for_exit() -> None:
 
 
 def test_the_live_observation_carries_the_remote_fields(cluster):
-    seen = []
+    seen = []  # (this pipeline's actors holding a CPU at the step, the step's observation)
 
     class Watch:
         name = "watch"
@@ -250,28 +315,32 @@ def test_the_live_observation_carries_the_remote_fields(cluster):
             pass
 
         def step(self, observation):
-            seen.append((time.monotonic(), observation))
+            seen.append((pipe.stage("udf").remote_cpus_held(), observation))
             return {}
 
-    pipe = intune.Pipeline.from_iterable(id_chunks(20000, 50)).map(
+    pipe = intune.Pipeline.from_iterable(id_chunks(100000, 50)).map(
         slow_chunk, name="udf", mode="process", remote="ray", remote_workers=2
     ).batch(100)
-    held_since = None
+    deadline, found = time.monotonic() + HANG_S, None
     with intune.tune(pipe, policy=Watch(), tick_s=0.3) as tuner:
         for _ in tuner:
-            if held_since is None and pipe.stage("udf").remote_cpus_held() == 2:
-                held_since = time.monotonic()
-            # two ticks that began after both actors had held their CPUs for a second
-            if held_since is not None and sum(t - 0.3 > held_since + 1.0 for t, _ in seen) >= 2:
+            # a tick whose snapshot was taken after a step that saw both actors hold their CPUs, and
+            # whose reading of the cluster's free CPUs is that recent (it is re-read in the background:
+            # on a busy machine an older reading may predate an actor's start)
+            ticks = list(seen)
+            pairs = zip(ticks, ticks[1:], strict=False)
+            found = next((obs for (held, _), (_, obs) in pairs if held == 2 and obs.remote_cpus == 2.0), None)
+            if found is not None:
                 break
+            assert time.monotonic() < deadline, f"no tick saw 2 remote CPUs within {HANG_S} s: {[o.remote_cpus for _, o in seen]}"
         history = tuner.history()
-    obs = seen[-1][1]
-    s = obs.stage("udf")
-    assert s.remote_workers == 2 and obs.allocated_remote_cpus == 2
-    assert obs.remote_cpus == 2.0  # no free CPU on the two 1-CPU nodes, both held by this pipeline's actors
+    assert found is not None, "the epoch ended before a tick saw both actors hold their CPUs"
+    s = found.stage("udf")
+    assert s.remote_workers == 2 and found.allocated_remote_cpus == 2
     assert s.items_per_s >= s.remote_items_per_s > 0
     assert s.transfer_s_per_item > 0 and s.transfer_bytes_per_item > 0
-    assert history[-1]["remote_cpus"] == 2.0 and history[-1]["stages"]["udf"]["remote_workers"] == 2
+    [row] = [h for h in history if h["tick"] == found.tick]
+    assert row["remote_cpus"] == 2.0 and row["stages"]["udf"]["remote_workers"] == 2
 
 
 def test_connecting_elsewhere_or_to_nothing_is_a_clear_error(cluster, monkeypatch):
@@ -311,26 +380,22 @@ def test_without_an_address_or_a_cluster_a_local_ray_is_started_and_said_so():
     assert float(done.stdout.split("REMOTE CPUS")[1].split()[0]) > 0
 
 
-def test_zz_a_cluster_that_disappears_leaves_the_epoch_to_the_local_workers(cluster):
+def test_zz_a_cluster_that_disappears_leaves_the_epoch_to_the_local_workers(cluster, tmp_path):
     """Last in the module (zz): it takes every node of the shared cluster away."""
     n = 3000
-    pipe = intune.Pipeline.from_iterable(id_chunks(n, 20)).map(
-        busy_chunk, name="udf", mode="process", remote="ray", remote_workers=2
-    ).batch(100)
-    with pipe:
-        _warm(pipe, 2)
-        start = pipe.metrics().stages["udf"].remote_items
-        ids, gone = [], False
-        for batch in pipe:
-            ids.append(batch["id"])
-            if not gone and pipe.metrics().stages["udf"].remote_items - start >= 4:
-                for node in cluster.nodes_added:
-                    cluster.remove_node(node, allow_graceful=False)
-                gone = True
-                _wait_for(lambda: pipe.remote_cpus() == 0, "remote CPUs at 0 without nodes")
-        ids = np.concatenate(ids)
-        assert gone
+    marker = tmp_path / "release"
+
+    def pipe_of(fn):
+        return intune.Pipeline.from_iterable(id_chunks(n, 20)).map(
+            fn, name="udf", mode="process", remote="ray", remote_workers=2
+        ).batch(100)
+
+    with _held(pipe_of, marker, "", 2) as pipe:  # every actor holds its chunks until the nodes go
+        remover = _RemoveWhenHeld(cluster, cluster.nodes_added, marker)
+        ids = np.concatenate([batch["id"] for batch in pipe])
+        remover.join()
+        assert remover.removed
         assert_exactly_once(ids, range(n))
         assert_same_order(ids, np.arange(n))
-        assert pipe.remote_cpus() == 0
+        _wait_for(lambda: pipe.remote_cpus() == 0, "remote CPUs at 0 without nodes")
         assert pipe.metrics().stages["udf"].remote_restarts >= 1

@@ -20,17 +20,23 @@ that loads with other values.
 
 A save is atomic: a temporary file in the same directory, flushed and fsynced, then ``os.replace``
 and an fsync of the directory. A process killed at any moment leaves either the old checkpoint or
-the new one under the name, never a mix; the temporary file it may leave behind is never read.
+the new one under the name, never a mix; the temporary file it may leave behind is never read, and the
+next save to the same path removes it. The writer holds an exclusive ``flock`` on its temporary file
+until the rename, so a temporary file whose lock can be taken has no live writer (a lock, not a pid or
+an age: the writer may be in another container, or slow).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import math
 import os
 import re
 import reprlib
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -173,17 +179,20 @@ def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any], *, k
     The bytes go to a temporary file beside ``path`` (same directory, so ``os.replace`` is a rename
     on one file system), which is fsynced, renamed over ``path``, and the directory fsynced so the
     rename itself survives a power cut. A failure at any point leaves the previous file intact.
+    Temporary files of earlier saves to ``path`` whose writer is gone (killed mid-write) are removed
+    first; see ``remove_stale_temporaries``.
     """
     path = Path(path)
     data = dumps_checkpoint(state, kind=kind)
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    remove_stale_temporaries(path)
+    fd, tmp_name = _locked_temporary(directory, path.name)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
+            os.replace(tmp_name, path)  # before the lock goes with the handle: see remove_stale_temporaries
     except BaseException:
         try:
             os.unlink(tmp_name)
@@ -192,6 +201,85 @@ def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any], *, k
         raise
     _fsync_directory(directory)
     return path
+
+
+_NO_LOCKS = (errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.ENOSYS)  # a file system without flock
+
+
+def _temporary_pattern(name: str) -> re.Pattern[str]:
+    """The names ``tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp")`` gives (its random part has
+    no dot, so the temporaries of a checkpoint ``ck.1`` are not those of ``ck``)."""
+    return re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp")
+
+
+def _locked_temporary(directory: Path, name: str) -> tuple[int, str]:
+    """A new temporary file for checkpoint ``name`` in ``directory``, exclusively ``flock``ed.
+
+    A concurrent save may take the lock of a file created a moment ago, before its writer locked it,
+    and remove it as stale: the writer then finds its name gone (or another file under it) once it
+    holds the lock, and makes another. On a file system without ``flock`` the file is not locked.
+    """
+    while True:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno in _NO_LOCKS:
+                return fd, tmp_name
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(tmp_name, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd, tmp_name
+        os.close(fd)
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[str]:
+    """Remove the temporary files that earlier saves to ``path`` left behind; the names removed.
+
+    A save killed mid-write leaves ``.<name>.<random>.tmp`` as large as the checkpoint. One is stale
+    when its ``flock`` can be taken: a live writer holds it until its rename (a file an older intune
+    left, which never held one, is stale as well). One whose lock is held, that is not a regular file,
+    or whose lock cannot be asked for (a file system without ``flock``) is left alone.
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    pattern = _temporary_pattern(path.name)
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(directory) if pattern.fullmatch(n)]
+    except OSError:
+        return removed
+    for name in names:
+        candidate = os.path.join(directory, name)
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # gone already, a symlink, or not ours to open
+            continue
+        try:
+            if not _is_regular(fd):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by a live writer, or no flock here: not provably stale
+                continue
+            try:
+                if os.stat(candidate, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                    continue  # replaced since it was opened
+                os.unlink(candidate)
+            except FileNotFoundError:
+                continue
+            removed.append(name)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _is_regular(fd: int) -> bool:
+    return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
 def _fsync_directory(directory: Path) -> None:

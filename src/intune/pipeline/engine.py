@@ -32,7 +32,7 @@ from intune.pipeline.resume import Position, SourceBounds
 from intune.pipeline.schema import Schema
 from intune.pipeline.serial_stages import BatchStage, PrefetchStage, ShuffleStage
 from intune.pipeline.sharding import Shard, resolve_shard
-from intune.pipeline.shm import remove_prefix
+from intune.pipeline.shm import owner_prefix, remove_prefix
 from intune.pipeline.sources import IterableSource, ParquetSource, Source, expand_paths
 from intune.pipeline.stages import (
     STALL_AFTER_S,
@@ -627,7 +627,7 @@ class Pipeline:
             epoch.join(timeout=2.0)
             self._epoch = None
         self._finalizer.detach()
-        remove_prefix(f"intune-{os.getpid()}-{self.label}-")
+        remove_prefix(f"{owner_prefix()}{self.label}-")
 
     @staticmethod
     def _close_stages(stages: list[Stage]) -> None:

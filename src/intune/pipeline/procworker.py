@@ -9,8 +9,9 @@ shared-memory segments), detect a death at once (end-of-file on its socket), ``r
 the chunks in flight, stop. A parked worker is a child blocked in ``recv`` on its socket: it uses no
 CPU. A child that cannot load the function says so (``WorkerInitError``: not a death, not a chunk's
 failure); a chunk held longer than ``collect``'s ``timeout_s`` gets its child killed (``ChunkTimeout``).
-A child whose parent died (end-of-file, parent gone) unlinks the parent's segments of its worker, and the
-first worker a process starts sweeps the segments of dead processes. This module must not know about
+A child whose parent died (end-of-file, parent gone) unlinks the parent's segments of its worker, then
+sweeps what else the parent left (once its lock is free: ``shm``), and the first worker a process
+starts sweeps the segments of owners that are gone. This module must not know about
 channels, ordering, or how many deaths or timeouts are too many (the pool).
 """
 
@@ -88,7 +89,7 @@ _swept = False
 
 
 def _sweep_once() -> None:
-    """Remove the segments of dead processes, once per process (before its first child starts)."""
+    """Remove the segments of owners that are gone, once per process (before its first child starts)."""
     global _swept
     with _sweep_lock:
         if _swept:
@@ -133,6 +134,9 @@ def child_main(fd: int) -> None:
             segment.close()
     if not told_to_stop and _parent_gone(parent_pid, first_ppid):
         shm.remove_prefix(f"{base}-")
+        owner = shm.owner_of(base)
+        if owner is not None:  # the rest of the dead parent's segments, and its lock file
+            shm.sweep_stale(owner=owner)
 
 
 def _reply(conn: Connection, reply: tuple) -> bool:
@@ -236,7 +240,7 @@ class ProcessWorker:
         self._proc: Any = None
         self._conn: Any = None
         self._poller: Any = None
-        self._base = f"intune-{os.getpid()}-{label}"
+        self._base = f"{shm.owner_prefix()}{label}"
         self._inputs = [shm.Segment(f"{self._base}-in{slot}-") for slot in range(SLOTS)]
         self._outputs = [shm.Mapping_() for _ in range(SLOTS)]
         self._pending: deque[_Task] = deque()
@@ -281,7 +285,7 @@ class ProcessWorker:
         return len(self._pending)
 
     def _prefix(self) -> str:
-        return f"intune-{os.getpid()}-{self._label}-g{self._generation}"
+        return f"{shm.owner_prefix()}{self._label}-g{self._generation}"
 
     def start(self) -> None:
         if self._closed:
@@ -478,7 +482,7 @@ class ProcessWorker:
         conn.close()
         for mapping in self._outputs:
             mapping.close()
-        shm.remove_prefix(f"intune-{os.getpid()}-{self._label}-g{self._generation}-")
+        shm.remove_prefix(f"{self._prefix()}-")
 
     def close(self) -> None:
         self._closed = True

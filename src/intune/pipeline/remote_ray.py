@@ -4,14 +4,17 @@ Owns everything that touches Ray, which is imported lazily so that intune works 
 extra (asking for ``remote="ray"`` without it raises ``ImportError`` naming the extra):
 
 - ``check_address`` / ``require_ray``: the arguments ``map(..., remote="ray")`` is checked with;
-- ``connect``: once per process, at a remote stage's first epoch. An ``address`` (``"host:port"``)
-  is connected to with ``ray.init(address=...)`` after a quick check that something answers there
-  (Ray itself would retry a dead address for minutes); ``"auto"`` finds a running cluster or raises;
-  ``None`` (the default) reuses a Ray this process already initialised, else tries ``"auto"``, else
-  starts a local Ray and says so in a log line;
+- ``connect``: at a remote stage's first epoch. A Ray this process initialised itself is used
+  in-process. Otherwise intune's own connection is made once per process, in a helper process (the
+  Ray host, ``ray_host``) so that the trainer is never a Ray driver, whose process Ray ends when its
+  node's raylet dies: an ``address`` (``"host:port"``) is connected to after a quick check that something
+  answers there (Ray itself would retry a dead address for minutes); ``"auto"`` finds a running cluster
+  or raises; ``None`` (the default) tries ``"auto"``, else starts a local Ray in the host and says so in
+  a log line;
 - ``RayActor``: one remote worker, a Ray actor (1 CPU) that loads the stage's pickled function once
   and applies it to chunks that travel through Ray's object store (``ray.put`` / an actor call; the
-  result is copied out of the store, so no object outlives its chunk's delivery);
+  result is copied out of the store, so no object outlives its chunk's delivery), driven in-process or
+  by the host for a ``ray_host.HostedActor``;
 - ``RemoteWorkers``: a stage's actors by index, for the pipeline's life (like parked process
   workers); a retired, hung or lost actor is killed at once, and ``close`` kills them all;
 - ``cluster_free_cpus``: the free CPUs Ray reports, read on a background thread at most every
@@ -34,6 +37,7 @@ from typing import Any
 from intune.pipeline.channel import Stopped
 from intune.pipeline.chunks import Chunk
 from intune.pipeline.errors import ClusterError
+from intune.pipeline.ray_host import HostedActor, RayHost
 from intune.pipeline.remote_pool import RemoteInitError, RemoteLost
 
 log = logging.getLogger(__name__)
@@ -106,16 +110,42 @@ def _auto_address() -> str | None:
 
 
 _connect_lock = threading.Lock()
+_host: RayHost | None = None  # intune's own Ray connection, made once per process
 
 
-def connect(address: str | None, stage: str) -> Any:
-    """Connect this process to Ray for ``stage``'s remote workers (once per process); the ``ray`` module.
+class InProcessRay:
+    """A Ray this process initialised itself, used as it is (the trainer is then a Ray driver)."""
 
-    Raises ``ClusterError`` naming the stage and the address when it cannot be reached, when ``"auto"``
-    finds no cluster, or when this process is connected to another cluster than ``address``.
+    def __init__(self, ray: Any) -> None:
+        self.ray = ray
+
+    def actor(self, fn_blob: bytes) -> RayActor:
+        return RayActor(self.ray, fn_blob)
+
+    def free_cpus(self) -> float:
+        return float(self.ray.available_resources().get("CPU", 0.0))
+
+
+def connect(address: str | None, stage: str) -> InProcessRay | RayHost:
+    """Connect this process to Ray for ``stage``'s remote workers; what makes its actors.
+
+    A Ray this process initialised is used in-process. Otherwise intune's connection is a Ray host
+    (``ray_host``), started once per process: a host that died is not restarted (its stages go on with
+    their local workers). Raises ``ClusterError`` naming the stage and the address when it cannot be
+    reached, when ``"auto"`` finds no cluster, or when this process is connected to another cluster than
+    ``address``.
     """
+    global _host
     ray = require_ray(f"stage {stage!r}")
     with _connect_lock:
+        if _host is not None:
+            wanted = address not in (None, "auto") and _host.address != "local"
+            if wanted and not _same_address(_host.address, str(address)):
+                raise ClusterError(
+                    f"stage {stage!r}: address={address!r}, but this process is already connected to "
+                    f"the Ray cluster at {_host.address} (one Ray connection per process)"
+                )
+            return _host
         if ray.is_initialized():
             if address not in (None, "auto"):
                 current = _current_address(ray)
@@ -124,43 +154,35 @@ def connect(address: str | None, stage: str) -> Any:
                         f"stage {stage!r}: address={address!r}, but this process is already connected to "
                         f"the Ray cluster at {current} (one Ray connection per process)"
                     )
-            return ray
+            return InProcessRay(ray)
         if address is None or address == "auto":
             found = _auto_address()
             if found is not None and _reachable(found):
-                _init(ray, found, stage)
+                _host = RayHost.start(found, stage)
                 log.info("stage %r: remote workers on the Ray cluster at %s", stage, found)
-                return ray
+                return _host
             if address == "auto":
                 seen = f" (the last one was at {found}, which does not answer)" if found else ""
                 raise ClusterError(
                     f"stage {stage!r}: address='auto' found no running Ray cluster{seen}; start one "
                     "(ray start --head) or pass address=None to have intune start a local Ray"
                 )
-            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
-            cpus = ray.cluster_resources().get("CPU", 0)
+            _host = RayHost.start("local", stage)
             log.warning(
                 "stage %r: no Ray cluster found (address=None tried 'auto'); started a local Ray with this "
                 "machine's %g CPUs for the remote workers (pass address='host:port' to use a cluster)",
                 stage,
-                cpus,
+                _host.info.get("cpus", 0.0),
             )
-            return ray
+            return _host
         if not _reachable(address):
             raise ClusterError(
                 f"stage {stage!r}: no Ray cluster answers at address={address!r} within {REACH_TIMEOUT_S:g} s "
                 "(is `ray start --head` running there, and the port open?)"
             )
-        _init(ray, address, stage)
+        _host = RayHost.start(address, stage)
         log.info("stage %r: remote workers on the Ray cluster at %s", stage, address)
-        return ray
-
-
-def _init(ray: Any, address: str, stage: str) -> None:
-    try:
-        ray.init(address=address, logging_level=logging.WARNING)
-    except Exception as exc:
-        raise ClusterError(f"stage {stage!r}: ray.init(address={address!r}) failed: {exc}") from exc
+        return _host
 
 
 def _current_address(ray: Any) -> str | None:
@@ -210,10 +232,9 @@ class ClusterCpus:
     def _read(self) -> None:
         value = 0.0
         try:
-            import ray
-
-            if ray.is_initialized():
-                value = float(ray.available_resources().get("CPU", 0.0))
+            session = _connected()
+            if session is not None:
+                value = session.free_cpus()
         except Exception as exc:  # noqa: BLE001 - a cluster that went away offers 0 CPUs
             if self._failures == 0:
                 log.warning("reading the Ray cluster's free CPUs failed (%s: %s); counting 0", type(exc).__name__, exc)
@@ -221,6 +242,16 @@ class ClusterCpus:
         with self._cond:
             self._value, self._at, self._since = value, time.monotonic(), None
             self._cond.notify_all()
+
+
+def _connected() -> InProcessRay | RayHost | None:
+    """This process's Ray connection: intune's host, else a Ray this process initialised, else None."""
+    if _host is not None:
+        return _host
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return InProcessRay(ray)
+    return None
 
 
 _cluster_cpus = ClusterCpus()
@@ -307,7 +338,7 @@ def actor_class(ray: Any) -> Any:
         return _actor_class
 
 
-def _lost_words(exc: BaseException) -> str:
+def lost_words(exc: BaseException) -> str:
     """A one-line cause for a lost actor (Ray's messages run over many lines)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -325,9 +356,13 @@ def _copy_out(value: Any) -> Any:
 class RayActor:
     """One remote worker: a Ray actor holding one CPU (see ``remote_pool.RemoteWorker``)."""
 
-    def __init__(self, ray: Any, fn_blob: bytes) -> None:
+    def __init__(self, ray: Any, fn_blob: bytes, sys_path: list[str] | None = None, copy_out: bool = True) -> None:
+        """``sys_path``: the import paths to send (this process's by default); ``copy_out=False``: results
+        as read from the store (read-only views; the host copies them into shared memory itself)."""
         self._ray = ray
-        sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]  # "" is the working directory
+        self._copy_out = copy_out
+        if sys_path is None:
+            sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]  # "" is the working directory
         cls = actor_class(ray)
         self.handle = cls.options(
             num_cpus=1, max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD"
@@ -346,7 +381,7 @@ class RayActor:
                 return False
             reply = ray.get(self._ready_ref, timeout=10)
         except Exception as exc:
-            raise RemoteLost(_lost_words(exc)) from exc
+            raise RemoteLost(lost_words(exc)) from exc
         if reply[0] == "init-error":
             raise RemoteInitError(reply[1], reply[2])
         self.where, self.is_ready, self._ready_ref = reply[1], True, None
@@ -357,7 +392,7 @@ class RayActor:
             ref = self._ray.put(chunk)
             return self.handle.apply.remote(ref)  # Ray keeps ``ref`` alive until the call is done
         except Exception as exc:
-            raise RemoteLost(_lost_words(exc)) from exc
+            raise RemoteLost(lost_words(exc)) from exc
 
     def done(self, ticket: Any, timeout: float) -> bool:
         try:
@@ -371,10 +406,10 @@ class RayActor:
         try:
             reply = ray.get(ticket, timeout=10)
         except ray.exceptions.RayTaskError as exc:  # the call itself failed: its output did not serialise
-            return ("error", _lost_words(exc), str(exc), 0.0, 0.0)
+            return ("error", lost_words(exc), str(exc), 0.0, 0.0)
         except Exception as exc:
-            raise RemoteLost(_lost_words(exc)) from exc
-        if reply[0] == "ok":
+            raise RemoteLost(lost_words(exc)) from exc
+        if reply[0] == "ok" and self._copy_out:
             return ("ok", {k: _copy_out(v) for k, v in reply[1].items()}, reply[2], reply[3])
         return reply
 
@@ -393,8 +428,8 @@ class RemoteWorkers:
         self.address = address
         self._blob = fn_blob
         self._lock = threading.Lock()
-        self._actors: dict[int, RayActor] = {}
-        self._ray: Any = None
+        self._actors: dict[int, RayActor | HostedActor] = {}
+        self._ray: InProcessRay | RayHost | None = None
         self._closed = False
         self._told: set[str] = set()  # what was logged already (once per node or cause)
 
@@ -407,7 +442,7 @@ class RemoteWorkers:
     def connected(self) -> bool:
         return self._ray is not None
 
-    def worker(self, index: int) -> RayActor:
+    def worker(self, index: int) -> RayActor | HostedActor:
         with self._lock:
             if self._closed:
                 raise Stopped
@@ -415,16 +450,20 @@ class RemoteWorkers:
             if actor is not None:
                 return actor
             try:
-                actor = RayActor(self._ray, self._blob)
+                assert self._ray is not None
+                actor = self._ray.actor(self._blob)
             except Exception as exc:
-                self._tell(
-                    "create",
-                    "stage %r: cannot start remote workers (%s); the stage goes on with its local workers",
-                    _lost_words(exc),
-                )
-                raise RemoteLost(_lost_words(exc)) from exc
-            self._actors[index] = actor
-            return actor
+                failure = exc
+            else:
+                self._actors[index] = actor
+                return actor
+        # said outside the lock: ``_tell`` takes it too
+        self._tell(
+            "create",
+            "stage %r: cannot start remote workers (%s); the stage goes on with its local workers",
+            lost_words(failure),
+        )
+        raise RemoteLost(lost_words(failure)) from failure
 
     def release(self, index: int) -> None:
         with self._lock:
@@ -477,6 +516,7 @@ __all__ = [
     "MAX_REMOTE_WORKERS",
     "RAY_EXTRA",
     "ClusterCpus",
+    "InProcessRay",
     "RayActor",
     "RemoteWorkers",
     "check_address",

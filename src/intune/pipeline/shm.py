@@ -15,14 +15,24 @@ Also owns where a segment's bytes live. A segment's space is reserved when it is
 ``/dev/shm`` (Docker's default is 64 MiB) kills the writer with SIGBUS. When ``/dev/shm`` has no room, the
 segment becomes a file-backed mapping in the fallback directory (``$INTUNE_SHM_FALLBACK_DIR``, else the
 temporary directory), with one warning per process; when neither has room, ``SegmentSpaceError``. The
-reading side is given the segment's full path, so it finds it in either place. Segment names start with
-``intune-<pid of the process that owns them>-``: ``sweep_stale`` removes those of dead processes. This
-module must not know about workers or pools (only that a segment's name carries its owner's pid).
+reading side is given the segment's full path, so it finds it in either place.
+
+Also owns who may remove a segment. A segment's name starts with its owner's prefix
+``intune-<pid>-<nonce>-`` (``owner_prefix``; the nonce is random per process, so that two processes of
+the same pid in two PID namespaces sharing ``/dev/shm`` never share names). Before it creates its first
+segment in a directory, the owner takes an exclusive ``flock`` on ``intune-<pid>-<nonce>.lock`` there,
+and holds it until it exits. ``sweep_stale`` removes an owner's segments (and its lock file) only when it
+can take that lock: the owner is provably gone, whatever its pid number means here (a trainer in
+another container sharing ``/dev/shm``, or ``--ipc=host``, has a pid that names nothing or another
+process in this one). A segment without a lock file beside it is never swept. This module must not
+know about workers or pools (only that a segment's name carries its owner's prefix).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
+import fcntl
 import glob
 import math
 import mmap
@@ -244,7 +254,12 @@ class Segment:
         name = f"{self._prefix}{self._count}"
         self._count += 1  # a failed try may leave nothing behind, but its name is not reused
         path = os.path.join(directory, name)
-        self.buffer = _reserve(path, size)
+        if self._prefix.startswith(owner_prefix()):
+            with _owner_mutex:  # the owner's lock is held before its segment exists (see ``release_owner``)
+                _hold_owner_locks(directory)
+                self.buffer = _reserve(path, size)
+        else:  # a worker's output segment, named with (and covered by the lock of) the parent's prefix
+            self.buffer = _reserve(path, size)
         self.name, self.path, self.size = name, path, size
 
     def close(self) -> None:
@@ -312,11 +327,11 @@ def remove_prefix(prefix: str) -> int:
     return removed
 
 
-_OWNED = re.compile(r"intune-(\d+)-")
-
-
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a zombie counts; so does one this user may not signal)."""
+    """Whether process ``pid`` exists here (a zombie counts; so does one this user may not signal).
+
+    Only for a process of this PID namespace (a worker asking about its parent): a segment's owner may
+    live in another one, which is why ``sweep_stale`` asks its lock instead."""
     if pid <= 0:
         return True  # not a process id: never treat it as dead
     try:
@@ -330,26 +345,163 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale() -> int:
-    """Unlink the ``intune-<pid>-*`` segments of processes that no longer exist; returns how many.
+# ---- owners ---------------------------------------------------------------------------------------------
 
-    A SIGKILLed consumer cannot clean up, and its segments would hold memory until reboot. A segment
-    whose owner pid is alive is never touched (even if the pid was reused: the cost is a leak, not a
-    corrupted live segment). Only plain files are considered.
+_OWNED = re.compile(r"intune-(\d+-[0-9a-f]{8})(-|\.lock$)")  # a segment (-...) or an owner's lock file
+_owner_mutex = threading.Lock()  # taking and giving back this process's locks; creating its segments
+_owner_pid = 0  # the pid _owner_tag was made for (a forked child makes its own)
+_owner_tag = ""
+_owner_locks: dict[str, int] = {}  # directory -> the descriptor holding this process's lock there
+_at_exit = False
+
+
+def owner_prefix() -> str:
+    """This process's segment-name prefix, ``intune-<pid>-<nonce>-``."""
+    global _owner_pid, _owner_tag
+    pid = os.getpid()
+    if _owner_pid != pid:
+        _owner_pid, _owner_tag = pid, f"{pid}-{os.urandom(4).hex()}"
+    return f"intune-{_owner_tag}-"
+
+
+def owner_of(name: str) -> str | None:
+    """The owner tag (``<pid>-<nonce>``) a segment name or prefix carries, or None."""
+    match = _OWNED.match(os.path.basename(name) + "-")
+    return match.group(1) if match else None
+
+
+def _lock_path(directory: str, tag: str) -> str:
+    return os.path.join(directory, f"intune-{tag}.lock")
+
+
+def _hold_owner_locks(directory: str) -> None:
+    """Hold this process's lock in ``directory`` and in every place segments may go (its workers'
+    output segments, named with its prefix, may go to the fallback directory). Under ``_owner_mutex``."""
+    global _at_exit
+    tag = owner_prefix()[len("intune-") : -1]
+    for place in dict.fromkeys([directory, *places()]):
+        if place in _owner_locks:
+            continue
+        fd = _take_lock(_lock_path(place, tag))
+        if fd is not None:
+            _owner_locks[place] = fd
+    if _owner_locks and not _at_exit:
+        _at_exit = True
+        atexit.register(release_owner)
+
+
+def _take_lock(path: str) -> int | None:
+    """An exclusive ``flock`` on ``path`` (created if need be), or None where that is not possible.
+
+    A sweep that opened the file before it was locked may take the lock and unlink the file (it finds
+    no segment of this owner yet): the name then no longer leads to the locked file, and another is made.
     """
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:  # a directory that is not there or not writable: no segment goes there either
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        except OSError:  # a file system without flock
+            os.close(fd)
+            return None
+        os.close(fd)
+
+
+def release_owner() -> None:
+    """At exit: give back this process's lock files where none of its segments is left (the lock goes
+    with the process anyway; a lock file with segments beside it stays, for a later sweep)."""
+    if _owner_pid != os.getpid():
+        return
+    prefix = owner_prefix()
+    with _owner_mutex:
+        for directory, fd in list(_owner_locks.items()):
+            try:
+                left = any(name.startswith(prefix) for name in os.listdir(directory))
+            except OSError:
+                left = True
+            if not left:
+                _unlink(_lock_path(directory, _owner_tag))
+                del _owner_locks[directory]
+                os.close(fd)
+
+
+def _forget_owner() -> None:
+    """In a forked child: its own prefix and locks (closing the inherited descriptors leaves the
+    parent's locks held: the parent keeps its own)."""
+    global _owner_pid, _owner_mutex
+    _owner_mutex = threading.Lock()  # another thread may have held it at the fork
+    _owner_pid = 0
+    for fd in _owner_locks.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _owner_locks.clear()
+
+
+os.register_at_fork(after_in_child=_forget_owner)
+
+
+def sweep_stale(owner: str | None = None) -> int:
+    """Unlink the segments of owners that are provably gone (their lock can be taken); how many.
+
+    A SIGKILLed consumer cannot clean up, and its segments would hold memory until reboot. An owner
+    whose lock is held is alive, in this PID namespace or another; one without a lock file (or on a file
+    system without ``flock``) cannot be proved gone and is left alone: the cost is a leak, never a live
+    segment unlinked. The lock file of a gone owner goes too. ``owner`` (a tag from ``owner_of``) limits
+    the sweep to that owner. Only plain files are removed.
+    """
+    mine = _owner_tag if _owner_pid == os.getpid() else None
     removed = 0
     for directory in places():
         try:
             entries = list(os.scandir(directory))
         except OSError:
             continue
+        found: dict[str, list[os.DirEntry[str]]] = {}
         for entry in entries:
             match = _OWNED.match(entry.name)
-            if match is None or pid_alive(int(match.group(1))):
+            if match is None or match.group(1) == mine or (owner is not None and match.group(1) != owner):
                 continue
+            segments = found.setdefault(match.group(1), [])
+            if match.group(2) == "-":
+                segments.append(entry)
+        for tag, segments in found.items():
+            removed += _remove_if_gone(directory, tag, segments)
+    return removed
+
+
+def _remove_if_gone(directory: str, tag: str, segments: list[os.DirEntry[str]]) -> int:
+    """Unlink ``segments`` and the lock file of owner ``tag`` in ``directory`` if its lock can be taken."""
+    path = _lock_path(directory, tag)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:  # no lock file: the owner cannot be proved gone
+        return 0
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: the owner lives (or no flock here)
+            return 0
+        try:
+            if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                return 0  # replaced since it was opened
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for entry in segments:
             try:
                 if entry.is_file(follow_symlinks=False):
                     removed += _unlink(entry.path)
             except OSError:  # another user's file in a shared /tmp: not ours to remove
                 continue
-    return removed
+        _unlink(path)
+        return removed
+    finally:
+        os.close(fd)
