@@ -165,7 +165,7 @@ class DataLoader:
                 self.dataset, self.collate_fn, self._plan.batch_size, self._plan.drop_last, name
             )
             return Pipeline(source, name="stream").prefetch(depth=2 * prefetch_factor, buffer_mb=PREFETCH_MB)
-        self._source = IndexSource("sampler", name)
+        self._source = IndexSource("sampler", name, self._plan.auto_collation)
         pipe = Pipeline(self._source, name="sampler", deterministic=in_order, max_workers=max_workers, shard=self.shard)
         mode = "process" if workers > 0 else "thread"
         fetcher = Fetcher(
