@@ -203,7 +203,7 @@ class DataLoader:
                 self.snapshot_every_n_steps,
             )
             return Pipeline(source, name="stream").prefetch(depth=2 * prefetch_factor, buffer_mb=PREFETCH_MB)
-        self._source = IndexSource("sampler", name)
+        self._source = IndexSource("sampler", name, self._plan.auto_collation)
         pipe = Pipeline(self._source, name="sampler", deterministic=in_order, max_workers=max_workers, shard=self.shard)
         mode = "process" if workers > 0 else "thread"
         fetcher = Fetcher(

@@ -134,7 +134,8 @@ def draw_seed(generator: Any) -> int:
 
 
 def keys_array(batch: Any) -> np.ndarray:
-    """A batch's indices as int64, or as an object array when they are not all integers."""
+    """A batch's indices (what a batch sampler yields) as int64, or as an object array when they are
+    not all integers."""
     if hasattr(batch, "tolist") and not isinstance(batch, list):
         batch = batch.tolist()
     keys = list(batch) if isinstance(batch, (list, tuple, range)) else [batch]
@@ -143,6 +144,16 @@ def keys_array(batch: Any) -> np.ndarray:
     out = np.empty(len(keys), dtype=object)
     for i, key in enumerate(keys):
         out[i] = key
+    return out
+
+
+def one_key(index: Any) -> np.ndarray:
+    """What a sampler yields without batching, as one key: torch passes it to ``dataset[...]`` as it is,
+    so a list (a bulk-loading sampler's) stays one list, never its elements one by one."""
+    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        return np.array([index], dtype=np.int64)
+    out = np.empty(1, dtype=object)
+    out[0] = index
     return out
 
 
@@ -157,9 +168,10 @@ class IndexSource(Source):
 
     parallel = False
 
-    def __init__(self, name: str, dataset_name: str) -> None:
+    def __init__(self, name: str, dataset_name: str, batched: bool) -> None:
         self.name = name
         self.dataset_name = dataset_name
+        self._keys = keys_array if batched else one_key  # a batch sampler's lists, or one sampler element
         self._batches: Iterator[Any] | None = None
         self._epoch = 0
         self._seed = 0
@@ -182,7 +194,7 @@ class IndexSource(Source):
         for number, batch in itertools.islice(numbered, delivered.frontier):
             seen += 1
             if number in delivered:
-                digest ^= batch_digest(number, keys_array(batch))
+                digest ^= batch_digest(number, self._keys(batch))
             else:
                 kept.append((number, batch))
         if digest != delivered.digest or seen < delivered.frontier:
@@ -201,7 +213,7 @@ class IndexSource(Source):
             raise RuntimeError("intune.DataLoader: an epoch started without begin()")
         self._recent.clear()
         for number, batch in batches:
-            keys = keys_array(batch)
+            keys = self._keys(batch)
             self._remember(number, keys)
             self.digests[number] = batch_digest(number, keys)
             seed = np.array([self._seed, self._epoch, number], dtype=np.int64)
