@@ -5,14 +5,17 @@ Owns the wording and the class of what ``next(loader)`` raises for a batch whose
 rebuilt with one message (so ``except KeyError`` still catches a ``KeyError``), else
 ``DataLoaderWorkerError``; the message names the dataset, the index (or indices) and the worker, and
 carries the worker's traceback, as torch's DataLoader does. Also ``DatasetPickleError``: the dataset,
-collate function or ``worker_init_fn`` that cannot be sent to worker processes, named. It must not
-decide when a batch failed (``fetch`` does).
+collate function or ``worker_init_fn`` that cannot be sent to worker processes, named; and
+``DataLoaderTimeoutError``: no batch within ``timeout``, torch's ``RuntimeError`` and words with the
+batch and worker added. It must not decide when a batch failed (``fetch`` does).
 """
 
 from __future__ import annotations
 
 import pickle
 from typing import Any, NoReturn
+
+from intune.pipeline.errors import StageTimeoutError
 
 
 class DataLoaderWorkerError(RuntimeError):
@@ -22,6 +25,22 @@ class DataLoaderWorkerError(RuntimeError):
 class DatasetPickleError(TypeError):
     """Part of the loader (the dataset, ``collate_fn``, ``worker_init_fn``) cannot be pickled for the
     worker processes; ``num_workers=0`` loads in this process, without pickling."""
+
+
+class DataLoaderTimeoutError(StageTimeoutError):
+    """A worker held a batch longer than the loader's ``timeout`` (the worker was killed).
+
+    A ``RuntimeError`` whose message starts as torch's ("DataLoader timed out after N seconds"), built
+    from that one message like torch's, so code that rebuilds an exception from its class and text
+    (``torch._utils.ExceptionWrapper``, multiprocessing) gets it back; ``stage``, ``origin`` and
+    ``timeout_s`` are there when the loader raised it."""
+
+    def __init__(self, message: str, *, origin: str = "", timeout_s: float | None = None) -> None:
+        RuntimeError.__init__(self, message)
+        self.stage = "fetch"
+        self.origin = origin
+        self.remote_traceback = ""
+        self.timeout_s = timeout_s
 
 
 def failure_message(record: dict[str, Any]) -> str:

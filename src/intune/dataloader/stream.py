@@ -2,11 +2,10 @@
 
 Owns ``StreamSource``, the pipeline's source for an ``IterableDataset``: it iterates the dataset once
 per epoch, takes ``batch_size`` samples at a time (the last batch shorter unless ``drop_last``) and
-collates them, as torch's DataLoader does with ``num_workers=0``; ``get_worker_info()`` is ``None``
-there, so a dataset that shards itself by worker yields every row, once. An iterable is not split
-among workers: its rows can only be divided by the dataset itself, for a fixed number of workers, and
-a live-resized worker count would lose or repeat rows. An exception in the dataset or ``collate_fn``
-reaches the training loop as it was raised and ends the epoch.
+collates them, as torch's DataLoader does with ``num_workers=0`` (with workers, ``shards`` reads it);
+``get_worker_info()`` is ``None`` there, so a dataset that shards itself by worker yields every row,
+once. An exception in the dataset or ``collate_fn`` travels in its batch's place: the loop gets the
+batches made before it, then the exception, and a next ``next()`` asks the iterator again, as torch's.
 
 Resume (``resume_at``): a dataset with ``state_dict()`` / ``load_state_dict()`` (torchdata's
 ``Stateful``) has its state taken right after each batch is drawn; the state travels with the batch,
@@ -24,7 +23,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from intune.dataloader.fetch import DATASET_STATE, NUMBER, OBJECT
+from intune.dataloader.fetch import DATASET_STATE, FAILURE, NUMBER, OBJECT, failure_record
 from intune.dataloader.transport import nbytes
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment
@@ -79,23 +78,36 @@ class StreamSource(Source):
         return samples, skip
 
     def stream(self) -> Iterator[Item]:
-        samples, start = self._samples()
+        try:
+            samples, start = self._samples()
+        except Exception as exc:  # noqa: BLE001 - iter() failed: the epoch's one answer
+            yield self._failed(exc, "iter() of the dataset", 0)
+            return
         stateful = self.stateful
         for number in itertools.count(start):
-            if self.batch_size is None:
-                sample = next(samples, _DONE)
-                if sample is _DONE:
-                    return
-                batch, rows = self.collate_fn(sample), 1
-            else:
-                group = list(itertools.islice(samples, self.batch_size))
-                if not group or (self.drop_last and len(group) < self.batch_size):
-                    return
-                batch, rows = self.collate_fn(group), len(group)
+            try:
+                if self.batch_size is None:
+                    sample = next(samples, _DONE)
+                    if sample is _DONE:
+                        return
+                    batch, rows = self.collate_fn(sample), 1
+                else:
+                    group = list(itertools.islice(samples, self.batch_size))
+                    if not group or (self.drop_last and len(group) < self.batch_size):
+                        return
+                    batch, rows = self.collate_fn(group), len(group)
+            except Exception as exc:  # noqa: BLE001 - raised in its turn, after the batches made before it
+                yield self._failed(exc, f"batch #{number}", number)
+                continue  # as torch: the next batch asks the iterator again (a generator that raised ends)
             chunk = {OBJECT: batch, NUMBER: number}
             if stateful:
                 chunk[DATASET_STATE] = copy.deepcopy(self.dataset.state_dict())
             yield Item(chunk, Origin((Segment(self, number, 0, rows),)), rows, nbytes(batch))
+
+    def _failed(self, exc: BaseException, where: str, number: int) -> Item:
+        """The dataset's (or ``collate_fn``'s) exception as an item in its batch's place."""
+        record = failure_record(exc, f"{where} of the iterable dataset", self.name, None)
+        return Item({FAILURE: record, NUMBER: number}, Origin((Segment(self, number, 0, 0),)), 0, 0)
 
     def describe(self, unit: int, lo: int, hi: int) -> str:
         return f"batch #{unit} of iterable dataset {self.name}"
