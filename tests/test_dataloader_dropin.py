@@ -378,3 +378,47 @@ def test_a_sharded_iterable_refuses_a_mid_epoch_resume_it_cannot_make_exact() ->
             iter(again)
         again.load_state_dict(between)
         assert sum(len(b[0]) for b in again) == 10
+
+
+class NamedRows(Dataset):
+    """Rows as a named tuple kept as a class attribute (pickle cannot find it by its name, ``Row``)."""
+
+    import collections
+
+    Row = collections.namedtuple("Row", "i label")
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Row:
+        return self.Row(i, str(i))
+
+
+def test_a_class_attribute_class_comes_back_as_itself_from_forkserver_workers() -> None:
+    with intune.DataLoader(NamedRows(), batch_size=2, num_workers=2, tune=None, multiprocessing_context="forkserver") as loader:
+        batches = list(loader)
+    assert all(isinstance(b, NamedRows.Row) for b in batches), [type(b) for b in batches]
+    assert [list(b.label) for b in batches] == [["0", "1"], ["2", "3"]]
+
+
+def test_auto_workers_that_could_not_get_the_dataset_load_in_this_process() -> None:
+    """num_workers='auto' under a start method that pickles (here a global 'spawn'): a dataset defined in
+    a function cannot travel, so the loader warns and loads in this process, as torch's default does."""
+    import multiprocessing
+
+    class Local(Dataset):
+        def __len__(self) -> int:
+            return 5
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        with pytest.warns(UserWarning, match="num_workers='auto' loads in this process: 'spawn' workers get"):
+            loader = intune.DataLoader(Local(), batch_size=2)
+        with loader:
+            assert loader.num_workers == 0 and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    finally:
+        multiprocessing.set_start_method(before, force=True)

@@ -94,6 +94,22 @@ class ContextLaunch:
         return ContextChild(process)
 
 
+def unstartable(context: Any, dataset: Any, collate_fn: Any, worker_init_fn: Any) -> str | None:
+    """Why workers started now by ``context`` (None: Python's default) could not get what they need,
+    in words, or None: a forked worker inherits everything; another must receive it pickled (checked
+    with plain pickle: a lock shared through the start itself may be refused here and pass there)."""
+    import pickle
+
+    method, _ = resolve(context)
+    if method == "fork":
+        return None
+    try:
+        pickle.dumps((dataset, collate_fn, worker_init_fn))
+    except Exception as exc:  # noqa: BLE001 - any failure to pickle is the answer
+        return f"{method!r} workers get the dataset, collate_fn and worker_init_fn pickled ({type(exc).__name__}: {exc})"
+    return None
+
+
 def _pickle_error(exc: BaseException) -> bool:
     import pickle
 

@@ -30,7 +30,7 @@ from intune.dataloader.fetch import (
     is_datapipe,
     seed_datapipe,
 )
-from intune.dataloader.launch import check_context
+from intune.dataloader.launch import check_context, unstartable
 from intune.dataloader.resume import (
     STATE_FORMAT,
     Delivered,
@@ -149,6 +149,14 @@ class DataLoader(Generic[T_co]):
         tuned = tune is not None and not self.iterable  # an iterable's workers each read a part: held
         start = _start_workers(num_workers, self.machine_share)
         context = check_context(multiprocessing_context, start)
+        if num_workers == "auto" and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
+            warnings.warn(
+                f"intune.DataLoader: num_workers='auto' loads in this process: {why}. Make them picklable "
+                "(or use the 'fork' start method) to get workers",
+                UserWarning,
+                stacklevel=2,
+            )
+            start = 0
         start, floor, ceiling = _worker_range(num_workers, start, max_workers, tuned)
         self.pipeline = self._build(start, floor, ceiling, context, prefetch_factor or 2, bool(in_order))
         self.tuner = self._make_tuner(tune if start > 0 and tuned else None)

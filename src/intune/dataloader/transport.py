@@ -9,13 +9,14 @@ requires grad) and any container other than ``dict`` / ``OrderedDict`` / ``list`
 named tuple travels pickled whole inside the spec: correct, only slower.
 
 Classes come back as themselves. One that pickle finds by its module and name (most) travels by that
-name. One it cannot find (a named tuple defined in a function, or under another name) travels, from a
-worker forked from the loader (``FORKED_FROM``), as a reference to the class the worker inherited:
-its address, checked against its module and name, is found again in the loader's memory, so the
-batch holds the loader's own class and ``isinstance`` holds. A class the loader does not have (made
-in the worker after it started, or in a worker that was not forked from it) is rebuilt from its
-definition, which travels once per worker (cloudpickle): a look-alike, the best there is. It must not
-know about datasets, samplers or workers.
+name. One it cannot find travels as a reference: the attribute path under its module where the
+worker finds it (a named tuple kept as a class attribute, ``Dataset.Batch``), and, from a worker
+forked from the loader (``FORKED_FROM``), its address, which is where the loader has the class the
+worker inherited (one defined in a function too); either is checked against the class's module and
+name, so the batch holds the loader's own class and ``isinstance`` holds. A class the loader does
+not have (made in the worker after it started) is rebuilt from its definition, which travels once
+per worker (cloudpickle): a look-alike, the best there is. It must not know about datasets,
+samplers or workers.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def _class_pickler() -> type:
                     if address not in _SENT:
                         definition = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
                         _SENT.add(address)
-                    return _class, (FORKED_FROM, os.getpid(), address, obj.__module__, obj.__qualname__, definition)
+                    where = (FORKED_FROM, os.getpid(), address, _path_of(obj))
+                    return _class, (*where, obj.__module__, obj.__qualname__, definition)
                 return super().reducer_override(obj)
 
         _PICKLER = ClassPickler
@@ -100,12 +102,59 @@ def _importable(kind: type) -> bool:
     return target is kind
 
 
-def _class(forked_from: int | None, worker: int, address: int, module: str, name: str, definition: bytes | None) -> type:
-    """The loader's class for a worker's class reference: the inherited one found again by address
+_PATHS: dict[int, str | None] = {}  # the worker's side: each class's attribute path under its module
+
+
+def _path_of(kind: type) -> str | None:
+    """Where ``kind`` is found under its module: attribute names joined by dots (classes searched three
+    levels deep), or None (a class defined in a function)."""
+    if id(kind) not in _PATHS:
+        _PATHS[id(kind)] = _search(sys.modules.get(kind.__module__), lambda obj: obj is kind)
+    return _PATHS[id(kind)]
+
+
+def _search(module: Any, match: Any) -> str | None:
+    """The dotted attribute path of the first class under ``module`` that ``match`` accepts."""
+    frontier: list[tuple[str, Any]] = [("", module)]
+    seen: set[int] = set()
+    for _depth in range(3):
+        nested = []
+        for prefix, space in frontier:
+            for key, value in list(getattr(space, "__dict__", {}).items()):
+                if isinstance(value, type) and id(value) not in seen:
+                    path = f"{prefix}{key}"
+                    if match(value):
+                        return path
+                    seen.add(id(value))
+                    nested.append((f"{path}.", value))
+        frontier = nested
+    return None
+
+
+def _class(
+    forked_from: int | None,
+    worker: int,
+    address: int,
+    path: str | None,
+    module: str,
+    name: str,
+    definition: bytes | None,
+) -> type:
+    """The loader's class for a worker's class reference: found by its attribute path, or by address
     (only in the loader the worker was forked from), else rebuilt once per worker from its definition."""
-    inherited = (address, module, name)
+    inherited = (address, path, module, name)
+    found = _CLASSES.get(inherited)
+    if found is not None:
+        return found
+    if path is not None:
+        target: Any = sys.modules.get(module)
+        for part in path.split("."):
+            target = getattr(target, part, None)
+        if isinstance(target, type) and target.__qualname__ == name and target.__module__ == module:
+            _CLASSES[inherited] = target
+            return target
     if forked_from == os.getpid():
-        found = _CLASSES.get(inherited) or _find_class(address, module, name)
+        found = _find_class(address, module, name)
         if found is not None:
             _CLASSES[inherited] = found
             return found
@@ -120,24 +169,12 @@ def _class(forked_from: int | None, worker: int, address: int, module: str, name
 
 
 def _find_class(address: int, module: str, name: str) -> type | None:
-    """The class at ``address`` in this process, if it is one named ``module.name``: looked for under
-    its module's classes first, then among every object the collector tracks (once per class)."""
+    """The class at ``address`` in this process, if it is one named ``module.name``, among every object
+    the collector tracks (once per class: the answer is kept)."""
 
     def match(obj: Any) -> bool:
         return id(obj) == address and isinstance(obj, type) and obj.__qualname__ == name and obj.__module__ == module
 
-    frontier: list[Any] = [sys.modules.get(module)]
-    seen: set[int] = set()
-    for _depth in range(3):
-        nested = []
-        for space in frontier:
-            for value in list(getattr(space, "__dict__", {}).values()):
-                if isinstance(value, type) and id(value) not in seen:
-                    if match(value):
-                        return value
-                    seen.add(id(value))
-                    nested.append(value)
-        frontier = nested
     return next((obj for obj in gc.get_objects() if match(obj)), None)
 
 
