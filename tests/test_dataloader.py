@@ -254,7 +254,7 @@ class Squares(IterableDataset):
     "kwargs", [dict(batch_size=4), dict(batch_size=4, drop_last=True), dict(batch_size=None)]
 )
 def test_iterable_dataset_as_torch_without_workers(kwargs: dict) -> None:
-    with intune.DataLoader(Squares(18), **kwargs) as ours:
+    with intune.DataLoader(Squares(18), num_workers=0, **kwargs) as ours:
         theirs = TorchLoader(Squares(18), **kwargs)
         assert len(ours) == len(theirs)
         assert_epochs_equal(ours, theirs)
@@ -283,31 +283,28 @@ def remember_init(worker_id: int) -> None:
     INIT_CALLS["id"] = worker_id
 
 
-def draws(loader: intune.DataLoader) -> list:
-    return [tuple(t.tolist() for t in batch["draw"]) for batch in loader]
-
-
-def test_worker_ids_init_and_reproducible_random_draws() -> None:
-    """worker_init_fn runs in each worker with its id, get_worker_info() answers there, and the
-    random numbers drawn in __getitem__ depend on the seed, the epoch and the batch only: the same with
-    1 or 3 workers, other in the next epoch."""
-    results = {}
+def test_worker_ids_init_and_random_draws_as_torch() -> None:
+    """Seeded as torch seeds its workers (base seed from the generator plus the worker's id, once, at the
+    worker's start) and batches handed out round-robin: the same worker for each batch, the same random
+    numbers drawn in __getitem__ as torch's loader with the same generator, over two epochs (fresh
+    workers and a new base seed in the second); worker_init_fn runs in each worker with its id."""
     for workers in (1, 3):
+        kwargs = dict(batch_size=4, num_workers=workers, worker_init_fn=remember_init)
         with intune.DataLoader(
-            WorkerView(),
-            batch_size=4,
-            num_workers=workers,
-            tune=None,
-            worker_init_fn=remember_init,
-            generator=torch.Generator().manual_seed(9),
+            WorkerView(), tune=None, generator=torch.Generator().manual_seed(9), **kwargs
         ) as loader:
-            batches = list(loader)
-            ids = {int(w) for b in batches for w in b["worker"]}
-            assert ids <= set(range(workers)) and ids, ids
-            assert all(torch.equal(b["worker"], b["init"]) for b in batches), "worker_init_fn saw another id"
-            results[workers] = (draws(loader), [tuple(t.tolist() for t in b["draw"]) for b in batches])
-    assert results[1][1] == results[3][1], "draws depend on the worker count"
-    assert results[1][0] != results[1][1], "the second epoch repeated the first one's draws"
+            ours = [list(loader) for _ in range(2)]
+        theirs_loader = TorchLoader(WorkerView(), generator=torch.Generator().manual_seed(9), **kwargs)
+        theirs = [list(theirs_loader) for _ in range(2)]
+        for epoch in range(2):
+            for k, (a, b) in enumerate(zip(ours[epoch], theirs[epoch], strict=True)):
+                assert_same(a, b, f"{workers} workers, epoch {epoch} batch {k}")
+            assert all(torch.equal(b["worker"], b["init"]) for b in ours[epoch]), "worker_init_fn saw another id"
+        assert draws_of(ours[0]) != draws_of(ours[1]), "the second epoch repeated the first one's draws"
+
+
+def draws_of(batches: list) -> list:
+    return [tuple(t.tolist() for t in batch["draw"]) for batch in batches]
 
 
 def test_structures_survive_the_transport() -> None:

@@ -102,10 +102,16 @@ class Unpicklable(Rows):
 
 
 def test_unpicklable_dataset_is_named_for_spawned_workers_and_fine_when_forked() -> None:
-    with pytest.raises(
-        DatasetPickleError, match="the dataset test_dataloader_errors.Unpicklable cannot be pickled"
-    ):
-        intune.DataLoader(Unpicklable(), batch_size=4, multiprocessing_context="spawn", tune=None)
+    """As torch's, spawned workers get the dataset pickled when they start, at iter(): it fails there
+    with torch's warning and an error naming the part that cannot be pickled."""
+    with intune.DataLoader(
+        Unpicklable(), batch_size=4, num_workers=1, multiprocessing_context="spawn", tune=None
+    ) as spawned:  # explicit workers: 'auto' loads an unpicklable dataset in this process instead
+        with pytest.warns(UserWarning, match="Got pickle error when attempting to start a worker Process"):
+            with pytest.raises(
+                DatasetPickleError, match="the dataset test_dataloader_errors.Unpicklable cannot be pickled"
+            ):
+                iter(spawned)
     with intune.DataLoader(
         Unpicklable(), batch_size=4, num_workers=2, tune=None
     ) as loader:  # fork inherits it
@@ -200,14 +206,18 @@ class Stream(IterableDataset):
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        (dict(batch_size=4, shuffle=True, sampler=[0, 1]), "sampler and shuffle"),
-        (dict(batch_size=4, batch_sampler=[[0, 1]]), "batch_sampler excludes batch_size"),
+        (dict(batch_size=4, shuffle=True, sampler=[0, 1]), "sampler option is mutually exclusive with shuffle"),
+        (dict(batch_size=4, batch_sampler=[[0, 1]]), "batch_sampler option is mutually exclusive with batch_size"),
         (dict(batch_size=0), "batch_size must be a positive integer"),
         (dict(batch_size=None, drop_last=True), "batch_size=None"),
-        (dict(num_workers=-1), "num_workers must be"),
-        (dict(timeout=-1), "timeout must be >= 0"),
+        (dict(num_workers=-1), "num_workers option should be non-negative"),
+        (dict(num_workers=1.5), "num_workers must be"),
+        (dict(timeout=-1), "timeout option should be non-negative"),
         (dict(rank=2, world_size=2), r"rank = 2 is out of range for world_size = 2"),
-        (dict(multiprocessing_context="threads"), "multiprocessing_context must be"),
+        (dict(multiprocessing_context="threads"), "multiprocessing_context option should specify a valid start"),
+        (dict(num_workers=0, multiprocessing_context="fork"), r"multi-process loading \(num_workers > 0\)"),
+        (dict(num_workers=0, persistent_workers=True), "persistent_workers option needs num_workers > 0"),
+        (dict(num_workers=0, prefetch_factor=2), "prefetch_factor option could only be specified"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict, words: str) -> None:

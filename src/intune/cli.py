@@ -23,6 +23,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "hammock"), "intune.bench.hammock", "Hammock vs gradient-boosted trees and baselines"),
     (("bench", "dataloader"), "intune.bench.dataloader", "intune.DataLoader vs torch's DataLoader on a per-row dataset"),
     (("bench", "dataloader-resume-suite"), "intune.bench.dataloader_resume_suite", "torchdata's StatefulDataLoader resume tests run against intune.DataLoader"),
+    (("bench", "dataloader-suite"), "intune.bench.dataloader_suite", "PyTorch's own DataLoader tests run against intune.DataLoader"),
     (("bench", "resume"), "intune.bench.resume", "checkpoint size and time, resume to the first batch, rows/s after a resume"),
     (("bench", "fidelity"), "intune.bench.fidelity", "the simulator's Observation against the engine's, field by field"),
     (("bench", "scale"), "intune.bench.scale", "remote workers sized by every policy: simulated pools up to 64 nodes, a real Ray cluster"),

@@ -7,8 +7,9 @@ rebuilt with one message (so ``except KeyError`` still catches a ``KeyError``), 
 carries the worker's traceback, as torch's DataLoader does. A failed ``worker_init_fn`` likewise
 (``init_failure_words`` in the worker, ``init_failure`` in the loader: the class travels by its
 importable name, since a worker that could not start sends only text). Also ``DatasetPickleError``: the dataset,
-collate function or ``worker_init_fn`` that cannot be sent to worker processes, named. It must not
-decide when a batch failed (``fetch`` does).
+collate function or ``worker_init_fn`` that cannot be sent to worker processes, named; and
+``DataLoaderTimeoutError``: no batch within ``timeout``, torch's ``RuntimeError`` and words with the
+batch and worker added. It must not decide when a batch failed (``fetch`` does).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pickle
 import re
 from typing import Any, NoReturn
 
+from intune.pipeline.errors import StageTimeoutError
+
 
 class DataLoaderWorkerError(RuntimeError):
     """A worker's exception whose own class could not be rebuilt here (the message has its name)."""
@@ -27,6 +30,22 @@ class DataLoaderWorkerError(RuntimeError):
 class DatasetPickleError(TypeError):
     """Part of the loader (the dataset, ``collate_fn``, ``worker_init_fn``) cannot be pickled for the
     worker processes; ``num_workers=0`` loads in this process, without pickling."""
+
+
+class DataLoaderTimeoutError(StageTimeoutError):
+    """A worker held a batch longer than the loader's ``timeout`` (the worker was killed).
+
+    A ``RuntimeError`` whose message starts as torch's ("DataLoader timed out after N seconds"), built
+    from that one message like torch's, so code that rebuilds an exception from its class and text
+    (``torch._utils.ExceptionWrapper``, multiprocessing) gets it back; ``stage``, ``origin`` and
+    ``timeout_s`` are there when the loader raised it."""
+
+    def __init__(self, message: str, *, origin: str = "", timeout_s: float | None = None) -> None:
+        RuntimeError.__init__(self, message)
+        self.stage = "fetch"
+        self.origin = origin
+        self.remote_traceback = ""
+        self.timeout_s = timeout_s
 
 
 def failure_message(record: dict[str, Any]) -> str:

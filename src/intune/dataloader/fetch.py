@@ -1,10 +1,10 @@
 """What a loader worker runs: ``dataset[i]`` for each index of a batch, ``collate_fn``, the result as columns.
 
 Owns the worker side of ``intune.DataLoader``: the ``Fetcher`` (dataset, collate function, whether to
-batch), seeding each batch's random generators from the loader's seed, the epoch and the batch's
-number (so a random transform in ``__getitem__`` is reproducible whatever the worker count or which
-worker took the batch), a worker's start (``WorkerFetcher``: sets torch's ``get_worker_info()`` and runs
-``worker_init_fn``), and failures as data: an exception in ``__getitem__`` or ``collate_fn`` becomes a
+batch), a worker's start as torch's (``WorkerFetcher``: one torch thread; ``random``, torch and numpy
+seeded from the loader's base seed plus the worker's id, as torch seeds them, once; torch's
+``get_worker_info()``; a datapipe's sharding and shared seed; then ``worker_init_fn``, whose own
+seeding stands), and failures as data: an exception in ``__getitem__`` or ``collate_fn`` becomes a
 failure record that travels in the batch's place, so that it reaches the training loop in order,
 with the dataset index and the worker's traceback, and the loop may go on with the next batch as
 torch's DataLoader allows. It must not know about pipelines, stages or samplers.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,8 +26,6 @@ from intune.dataloader.errors import init_failure_words
 
 INDEX = "index"
 """The input column: the batch's dataset indices (int64, or an object array of other keys)."""
-SEED = "seed"
-"""The input column: ``[loader seed, epoch, batch number]``, from which the batch's generators are seeded."""
 FAILURE = "__failure__"
 """The output column of a failed batch: a pickled failure record (see ``failure_record``)."""
 OBJECT = "__object__"
@@ -66,13 +63,11 @@ class Fetcher:
     def __call__(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
         out = self._fetch(chunk)
         if self.snapshot:  # the batches are fetched in order by one thread: the state after this one
-            out[DATASET_STATE] = dataset_state.take(self.dataset, None, int(chunk[SEED][2]) + 1)
+            out[DATASET_STATE] = dataset_state.take(self.dataset, None, int(chunk[NUMBER][0]) + 1)
         return out
 
     def _fetch(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
         keys = chunk[INDEX].tolist()
-        if self.encode:  # a worker's own generators; the loader's process keeps the user's untouched
-            seed_rngs(*(int(v) for v in chunk[SEED]))
         try:
             samples = self._samples(keys)
         except _Failed as failed:
@@ -148,43 +143,47 @@ def failure_record(
     }
 
 
-def seed_rngs(base: int, epoch: int, batch: int) -> None:
-    """Seed ``random``, numpy's global generator and torch's (when loaded) for one batch."""
-    state = np.random.SeedSequence([base, epoch, batch]).generate_state(4)
-    np.random.seed(state)
-    random.seed(int.from_bytes(state.tobytes(), "little"))
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed((int(state[0]) << 32) | int(state[1]))
+def seed_worker(base_seed: int, worker_id: int) -> int:
+    """Seed ``random``, torch and numpy's global generator as torch seeds a worker's: ``base_seed +
+    worker_id`` (numpy from both, by torch's own rule where this torch has it); returns that seed."""
+    import torch
+
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_numpy_state(base_seed, worker_id))
+    return seed
+
+
+def _numpy_state(base_seed: int, worker_id: int) -> Any:
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+    except ImportError:  # another torch: a seed of both numbers, another value than torch's
+        return np.random.SeedSequence([worker_id, base_seed]).generate_state(4)
+    return _generate_state(base_seed, worker_id)
 
 
 INHERITED: dict[int, tuple[Fetcher, Callable[[int], None] | None]] = {}
-"""Fetchers that forked workers find in the memory they inherit, by key (the loader adds and removes them)."""
+"""The fetcher and ``worker_init_fn`` a worker finds under its loader's key: in the memory a forked
+worker inherited (the loader adds and removes them), or put there by a spawned worker's entry."""
 
 
 class WorkerFetcher:
-    """The function one worker process loads: the loader's ``Fetcher`` plus this worker's id.
+    """The function one worker process loads: the loader's ``Fetcher`` plus this worker's start.
 
-    The fetcher comes pickled (``fetcher_blob``, for a fresh interpreter) or is found in the memory a
-    forked worker inherited (``key`` into ``INHERITED``). Loading it in the worker seeds the generators,
-    sets torch's ``get_worker_info()`` and runs ``worker_init_fn(worker_id)``; a failure there fails the
-    epoch at once with the worker's traceback (every batch would fail alike)."""
+    Unpickling it in the worker finds the fetcher under ``key`` in ``INHERITED`` and starts the worker as
+    torch does (``_start``); a failure there fails the epoch at once with the worker's traceback (every
+    batch would fail alike)."""
 
     def __init__(
-        self,
-        worker_id: int,
-        seed: int,
-        workers: int,
-        fetcher_blob: bytes = b"",
-        worker_init_fn: Callable[[int], None] | None = None,
-        key: int | None = None,
+        self, worker_id: int, seed: int, workers: int, key: int, forked: bool, sharding: tuple[int, int] = (1, 0)
     ) -> None:
         self.worker_id = worker_id
         self.seed = seed
         self.workers = workers
-        self.fetcher_blob = fetcher_blob
-        self.worker_init_fn = worker_init_fn
         self.key = key
+        self.forked = forked  # forked from the loader: it holds every class this worker inherited
+        self.sharding = sharding  # (world size, rank): a datapipe is sharded over ranks and workers
         self._fetcher: Fetcher | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -192,27 +191,26 @@ class WorkerFetcher:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self.key is not None:
-            fetcher, self.worker_init_fn = INHERITED[self.key]
-        else:
-            import cloudpickle
-
-            fetcher = cloudpickle.loads(self.fetcher_blob)
-            self.fetcher_blob = b""
+        fetcher, init = INHERITED[self.key]
         fetcher.worker_id = self.worker_id
         self._fetcher = fetcher
-        self._start(fetcher)
+        self._start(fetcher, init)
 
-    def _start(self, fetcher: Fetcher) -> None:
+    def _start(self, fetcher: Fetcher, init: Callable[[int], None] | None) -> None:
         """What torch's workers do first: one torch thread, seeded generators, worker info, the init."""
-        seed_rngs(self.seed, 0, self.worker_id)
-        torch = sys.modules.get("torch")
-        if torch is not None:  # the processes are the parallelism
-            torch.set_num_threads(1)
-        _set_torch_worker_info(self.worker_id, self.workers, self.seed + self.worker_id, fetcher.dataset)
-        if self.worker_init_fn is not None:
+        import torch
+
+        torch.set_num_threads(1)  # the processes are the parallelism
+        if self.forked:
+            transport.FORKED_FROM = os.getppid()
+        seed = seed_worker(self.seed, self.worker_id)
+        _set_torch_worker_info(self.worker_id, self.workers, seed, fetcher.dataset)
+        if is_datapipe(fetcher.dataset):
+            world, rank = self.sharding
+            shard_datapipe(fetcher.dataset, self.workers * world, self.worker_id * world + rank)
+        if init is not None:
             try:
-                self.worker_init_fn(self.worker_id)
+                init(self.worker_id)
             except Exception as exc:
                 raise RuntimeError(init_failure_words(self.worker_id, exc)) from exc
 
@@ -221,11 +219,31 @@ class WorkerFetcher:
         return self._fetcher(chunk)
 
 
+def is_datapipe(dataset: Any) -> bool:
+    try:
+        from torch.utils.data import IterDataPipe, MapDataPipe
+    except ImportError:
+        return False
+    return isinstance(dataset, (IterDataPipe, MapDataPipe))
+
+
+def shard_datapipe(dataset: Any, shards: int, index: int) -> None:
+    """A datapipe's ``sharding_filter`` keeps shard ``index`` of ``shards``, as torch's workers set it."""
+    from torch.utils.data import graph_settings
+
+    graph_settings.apply_sharding(dataset, shards, index)
+
+
+def seed_datapipe(dataset: Any, shared_seed: int) -> Any:
+    """Seed a datapipe's shuffles from the epoch's shared seed (the same in every worker, as torch's)."""
+    import torch
+    from torch.utils.data import graph_settings
+
+    return graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(shared_seed))
+
+
 def _set_torch_worker_info(worker_id: int, workers: int, seed: int, dataset: Any) -> None:
     """Make ``torch.utils.data.get_worker_info()`` answer in this worker, as in torch's own workers."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
     try:
         from torch.utils.data._utils import worker as torch_worker
 

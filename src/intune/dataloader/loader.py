@@ -14,19 +14,26 @@ place. The samplers are in ``sampling``, the worker's work in ``fetch``, the tra
 from __future__ import annotations
 
 import copy
-import os
-import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from intune.dataloader import dataset_state, shared_list
 from intune.dataloader.dataset_state import Snapshot
 from intune.dataloader.errors import raise_failure
-from intune.dataloader.fetch import DATASET_STATE, FAILURE, NUMBER, OBJECT, Fetcher
+from intune.dataloader.fetch import (
+    DATASET_STATE,
+    FAILURE,
+    NUMBER,
+    OBJECT,
+    Fetcher,
+    is_datapipe,
+    seed_datapipe,
+)
+from intune.dataloader.launch import check_context, resolve, unstartable
 from intune.dataloader.resume import (
     STATE_FORMAT,
     Delivered,
@@ -50,12 +57,14 @@ from intune.dataloader.sampling import (
     draw_seed,
     is_iterable_dataset,
 )
+from intune.dataloader.shards import ShardFetcher, ShardRequests
 from intune.dataloader.stage import FetchStage
 from intune.dataloader.stream import StreamSource
 from intune.dataloader.transport import SPEC, decode
 from intune.knobs import Knob
 from intune.monitor import available_cpus
 from intune.pipeline import Pipeline
+from intune.pipeline.engine import default_max_workers
 from intune.pipeline.errors import PipelineClosedError
 from intune.pipeline.sharding import resolve_shard
 from intune.tunable import MovableKnobs
@@ -63,32 +72,41 @@ from intune.tunable import MovableKnobs
 PREFETCH_MB = 64
 """The prefetch buffer's starting bound in MB (its knob, ``prefetch.buffer_mb``, is tuned)."""
 
+T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader:
+_FIXED = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+"""Attributes that cannot change once the loader is built (torch refuses them with ``ValueError`` too)."""
+
+
+class DataLoader(Generic[T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` whose worker count and buffers are tuned live.
 
-    The arguments are torch's, with the same meaning, plus: ``num_workers="auto"`` (the default) starts
-    with this rank's share of the CPUs, an int starts there (``0``: fetch in this process, untuned);
+    The arguments are torch's, with the same meaning and checks, plus: ``num_workers="auto"`` (the
+    default) starts with this rank's share of the CPUs; an int is exactly that many workers untuned,
+    and the start and the floor of the tuner's range when tuned (``0``: fetch in this process, untuned);
     ``tune`` names the policy (``intune.policies``) or is ``None`` for a fixed allocation;
-    ``max_workers`` bounds the workers' knob (default: twice the CPUs, at least 4); ``rank`` and
+    ``max_workers`` bounds the workers' knob (default: twice the CPUs, at least 4, and at least an
+    explicit ``num_workers``; one below ``num_workers`` caps it, with a warning); ``rank`` and
     ``world_size`` (default: ``RANK`` / ``WORLD_SIZE``) split a map-style dataset among data-parallel
     ranks as ``DistributedSampler`` does, shuffled from ``seed`` and the epoch. Workers are processes
-    that persist across epochs (``persistent_workers`` is accepted: they always persist; it still
-    decides, as in torch, whether the loader's seed is drawn from ``generator`` at every ``iter()`` or
-    only at the first), so they see the dataset as it was when each started.
-    ``multiprocessing_context`` says how workers start: forked from this process (``"fork"``, the
-    default on Linux as in torch: the dataset is inherited, not pickled) or as fresh interpreters that
-    get the dataset pickled once (``"spawn"``, ``"forkserver"``). ``prefetch_factor`` (default 2)
-    batches per possible worker may wait ready, within the tuned ``prefetch.buffer_mb``;
-    ``pin_memory_device`` is accepted and ignored (torch deprecates it). ``snapshot_every_n_steps``
-    (torchdata's ``StatefulDataLoader`` argument, default 1) is how often, in batches, an iterable
-    dataset's own ``state_dict()`` (and its iterator's) is taken for ``state_dict()``; a resume reads
-    again the batches delivered since the last one (``0`` or ``None``: at the epoch's start and end only).
-    ``share_lists=True`` replaces, in place, the dataset's lists of str, bytes, int, float or bool (of at
-    least 1,000 items; attributes and the values of dict attributes) by ``intune.SharedList``: read-only,
-    in shared memory, so workers read them without copying them (without it, a dataset holding
-    containers of more than a million Python objects gets a ``CopyOnReadWarning`` naming them).
-    Use ``close()`` (or ``with``) to end the workers at once; a loader dropped without it is closed when
+    started at ``iter()`` as torch's: seeded with the base seed drawn from ``generator`` plus their id,
+    and, without ``persistent_workers``, ended with their epoch. ``multiprocessing_context`` (or
+    Python's default start method) says how they start: forked from this process (``"fork"``, the
+    default on Linux: the dataset is inherited, not pickled), or through that context's ``Process``
+    (``"spawn"``, ``"forkserver"``: the dataset pickled for each). Batches go to the workers
+    round-robin, as torch's; an ``IterableDataset`` is read by every worker, each with its own
+    ``get_worker_info()``, and their batches interleaved. ``prefetch_factor`` (default 2) batches per
+    worker are handed out ahead, and as many per possible worker may wait ready within the tuned
+    ``prefetch.buffer_mb``; ``pin_memory_device`` is accepted and ignored (torch deprecates it).
+    ``snapshot_every_n_steps`` (torchdata's ``StatefulDataLoader`` argument, default 1) is how often, in
+    batches, an iterable dataset's own ``state_dict()`` (and its iterator's) is taken for
+    ``state_dict()``; a resume reads again the batches delivered since the last one (``0`` or ``None``:
+    at the epoch's start and end only). ``share_lists=True`` replaces, in place, the dataset's lists of
+    str, bytes, int, float or bool (of at least 1,000 items; attributes and the values of dict
+    attributes) by ``intune.SharedList``: read-only, in shared memory, so workers read them without
+    copying them (without it, a dataset holding containers of more than a million Python objects gets
+    a ``CopyOnReadWarning`` naming them). Use ``close()`` (or ``with``) to end the workers at once; a
+    loader dropped without it is closed when
     collected.
     """
 
@@ -120,12 +138,7 @@ class DataLoader:
         seed: int = 0,
         max_workers: int | None = None,
     ) -> None:
-        if timeout < 0:
-            raise ValueError(f"intune.DataLoader: timeout must be >= 0 seconds, got {timeout!r}")
-        if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or prefetch_factor < 1):
-            raise ValueError(
-                f"intune.DataLoader: prefetch_factor must be a positive integer, got {prefetch_factor!r}"
-            )
+        _check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
         if snapshot_every_n_steps is not None and (
             isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int) or snapshot_every_n_steps < 0
         ):
@@ -144,6 +157,11 @@ class DataLoader:
         self.persistent_workers = bool(persistent_workers)
         self.seed = int(seed)
         self.iterable = is_iterable_dataset(dataset)
+        if self.iterable and is_datapipe(dataset) and shuffle is not None:
+            from torch.utils.data import graph_settings
+
+            self.dataset = graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)  # as torch does
+            shuffle = None
         self._plan = self._make_plan(batch_size, shuffle, sampler, batch_sampler, bool(drop_last))
         if collate_fn is None:
             collate_fn = _default_collate() if self._batched(batch_size) else _default_convert()
@@ -157,18 +175,35 @@ class DataLoader:
         self._pending: _Pending | None = None  # a state loaded by load_state_dict, resumed by the next iter()
         self._running: weakref.ref[_Batches] | None = None  # the last epoch's iterator
         self._closed = False
+        self._iterable_len: int | None = None  # len(dataset) when len(loader) was asked (torch's warning)
         self.multiprocessing_context = multiprocessing_context
+        tuned = tune is not None and not self.iterable  # an iterable's workers each read a part: held
         start = _start_workers(num_workers, self.machine_share)
+        context = check_context(multiprocessing_context, start)
+        if num_workers == "auto" and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
+            warnings.warn(
+                f"intune.DataLoader: num_workers='auto' loads in this process: {why}. Make them picklable "
+                "(or use the 'fork' start method) to get workers",
+                UserWarning,
+                stacklevel=2,
+            )
+            start = 0
+        start, floor, ceiling = _worker_range(num_workers, start, max_workers, tuned)
         # where batches are fetched: the dataset's own state and the random draws differ (see resume)
         self._fetch_mode = "in-process" if start == 0 else "workers"
-        method = start_method(multiprocessing_context)
         if share_lists:  # before any worker starts: they inherit (or map) the shared lists
             shared_list.share_lists(dataset)
-        self.pipeline = self._build(start, method, max_workers, prefetch_factor or 2, bool(in_order))
+        self.pipeline = self._build(start, floor, ceiling, context, prefetch_factor or 2, bool(in_order))
         if not share_lists and self.num_workers > 0:
-            _warn_copy_on_read(dataset, method)
-        self.tuner = self._make_tuner(tune if start > 0 and not self.iterable else None)
+            _warn_copy_on_read(dataset, resolve(context)[0])
+        self.tuner = self._make_tuner(tune if start > 0 and tuned else None)
         self._finalizer = weakref.finalize(self, _shutdown, self.tuner, self.pipeline)
+        self._initialized = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED and getattr(self, "_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after intune.DataLoader is initialized")
+        super().__setattr__(name, value)
 
     # ---- construction ----------------------------------------------------------------------------
     def _batched(self, batch_size: int | None) -> bool:
@@ -194,31 +229,42 @@ class DataLoader:
         )
 
     def _build(
-        self, workers: int, method: str, max_workers: int | None, prefetch_factor: int, in_order: bool
+        self, workers: int, floor: int, ceiling: int, context: Any, prefetch_factor: int, in_order: bool
     ) -> Pipeline:
+        """The pipeline: the batches' indices (an iterable dataset's requests), their fetch, a prefetch
+        buffer; an iterable dataset without workers is one stream in this process (``StreamSource``)."""
         name = dataset_name(self.dataset)
-        if self.iterable:
+        plan = self._plan
+        if self.iterable and workers == 0:
             source = self._stream = StreamSource(
-                self.dataset, self.collate_fn, self._plan.batch_size, self._plan.drop_last, name,
-                self.snapshot_every_n_steps,
+                self.dataset, self.collate_fn, plan.batch_size, plan.drop_last, name, self.snapshot_every_n_steps
             )
             return Pipeline(source, name="stream").prefetch(depth=2 * prefetch_factor, buffer_mb=PREFETCH_MB)
-        self._source = IndexSource("sampler", name, self._plan.auto_collation)
-        pipe = Pipeline(self._source, name="sampler", deterministic=in_order, max_workers=max_workers, shard=self.shard)
-        mode = "process" if workers > 0 else "thread"
-        fetcher = Fetcher(
-            self.dataset, self.collate_fn, self._plan.auto_collation, name, encode=mode == "process", snapshot=True
-        )
+        if self.iterable:
+            source: IndexSource | ShardRequests = ShardRequests("requests", name, plan.batch_size or 1)
+            self._requests = source
+            fetcher: Fetcher = ShardFetcher(self.dataset, self.collate_fn, plan.batch_size, plan.drop_last, name)
+        else:
+            source = self._source = IndexSource("sampler", name, plan.auto_collation)
+            fetcher = Fetcher(
+                self.dataset, self.collate_fn, plan.auto_collation, name, encode=workers > 0, snapshot=True
+            )
+        pipe = Pipeline(source, name=source.name, deterministic=in_order, max_workers=ceiling, shard=self.shard)
         stage = FetchStage(
             fetcher,
             "fetch",
-            mode,
-            method,
+            "process" if workers > 0 else "thread",
+            context,
             pipe.max_workers,
-            max(1, min(workers, pipe.max_workers)),
+            max(1, workers),
             float(self.timeout) if self.timeout else None,
             self.worker_init_fn,
             self._seed.get,
+            floor=floor,
+            persistent=self.persistent_workers,
+            prefetch_factor=prefetch_factor,
+            sharding=(self.world_size, self.rank),
+            shards=self.iterable,
         )
         depth = prefetch_factor * pipe.max_workers
         return pipe.add_stage(stage).prefetch(depth=depth, buffer_mb=min(PREFETCH_MB, pipe.max_mb))
@@ -250,7 +296,7 @@ class DataLoader:
     @property
     def num_workers(self) -> int:
         """The fetch workers now (it changes while the tuner runs); 0 when fetching in this process."""
-        if self.iterable or self.pipeline.stage_names()[1] != "fetch":
+        if self.pipeline.stage_names()[1] != "fetch":
             return 0
         stage = self.pipeline.stage("fetch")
         return stage.workers() if stage.mode == "process" else 0
@@ -269,7 +315,7 @@ class DataLoader:
     def __len__(self) -> int:
         if not self.iterable:
             return len(self._plan.index_sampler)
-        length = len(self.dataset)
+        length = self._iterable_len = len(self.dataset)
         size = self._plan.batch_size
         if size is None:
             return length
@@ -290,7 +336,7 @@ class DataLoader:
             if pending is not None:
                 self._pending = pending  # a refused resume stays pending: a retry raises again
             raise
-        batches = _Batches(self, iter(self.pipeline), self._epoch)
+        batches = _Batches(self, iter(self.pipeline), self._epoch, self._iterable_len if self.iterable else None)
         self._running = weakref.ref(batches)
         if self.tuner is not None:
             self.tuner.start()
@@ -312,11 +358,17 @@ class DataLoader:
         self._epochs += 1
         self._ended = None
         start = generator_state(self.generator)  # before any draw of the epoch: what a resume replays
+        # a datapipe's shared seed first, then the workers' base seed, from the same generator, as torch
+        shared = draw_seed(self.generator) if self.iterable and is_datapipe(self.dataset) else None
         drawn = self._seed.value is None or not self.persistent_workers  # when torch's DataLoader draws it
         if drawn:
             self._seed.value = draw_seed(self.generator)
         record = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
-        if self.iterable:
+        if self.iterable and self.num_workers > 0:
+            self._requests.begin(epoch, shared)  # each worker calls iter() on its own copy
+        elif self.iterable:
+            if shared is not None:
+                seed_datapipe(self.dataset, shared)  # read in this process: seeded here
             self._claim_dataset()
             iterator = iter(self.dataset)  # once per epoch, here, as torch's loader does at iter()
             self._register_reader(iterator)
@@ -326,7 +378,7 @@ class DataLoader:
         else:
             if self._plan.distributed:
                 self._plan.sampler.set_epoch(epoch)
-            self._source.begin(self._plan.index_sampler, epoch, self._seed.get())
+            self._source.begin(self._plan.index_sampler, epoch)
             if self._in_process_state():
                 record.snapshot = dataset_state.take(self.dataset, None, 0)
         self._epoch = record
@@ -387,10 +439,12 @@ class DataLoader:
             if not self.iterable:
                 if self._plan.distributed:
                     self._plan.sampler.set_epoch(resumed.epoch)
-                self._source.begin(self._plan.index_sampler, resumed.epoch, resumed.seed, resumed.delivered)
+                self._source.begin(self._plan.index_sampler, resumed.epoch, resumed.delivered)
         # after the replay, whose borrowed global generator is given back: a dataset's own state may set it
         count = resumed.delivered.count
-        if self.iterable:
+        if self.iterable and self.num_workers > 0:
+            self._resume_shards(resumed)
+        elif self.iterable:
             self._claim_dataset()
             iterator = dataset_state.restore(self.dataset, resumed.snapshot)
             self._register_reader(iterator)
@@ -400,6 +454,18 @@ class DataLoader:
             dataset_state.load_dataset(self.dataset, resumed.snapshot)
         # the batches delivered before the checkpoint, and those delivered from now on, in one record
         self._epoch = resumed
+
+    def _resume_shards(self, resumed: _Epoch) -> None:
+        """An iterable dataset read by workers: each worker's place in its own iterator is not in the
+        state, so only an epoch with nothing delivered yet can be resumed (it starts over)."""
+        if resumed.delivered.count:
+            raise ResumeMismatchError(
+                f"intune.DataLoader: cannot resume iterable dataset {dataset_name(self.dataset)} in the middle of "
+                f"an epoch ({resumed.delivered.count} batches delivered) with {self.num_workers} worker processes: "
+                "where each worker was in its own iterator is not saved. Resume from a state taken between "
+                "epochs, or read the dataset with num_workers=0"
+            )
+        self._requests.begin(resumed.epoch, None)
 
     def _samplers(self) -> dict[str, Any]:
         return {"sampler": self._plan.sampler, "batch_sampler": self._plan.batch_sampler}
@@ -503,8 +569,8 @@ class DataLoader:
         (after its iterator ran out) is what the next epoch starts from."""
         if epoch is not self._epoch:
             return
-        if self.iterable:
-            self._ended = self._stream.end_snapshot
+        if self.iterable:  # with workers each read its own copy: their states are not in the loader's
+            self._ended = self._stream.end_snapshot if self.num_workers == 0 else None
         elif self._in_process_state():
             self._ended = dataset_state.take(self.dataset, None, epoch.delivered.count)
         self._epoch = None
@@ -532,10 +598,14 @@ class _Batches:
     """One epoch's batches: rebuilt as tensors, or a failed batch's exception raised in its place; each
     one recorded as delivered (for ``state_dict``) when it is handed to the loop."""
 
-    def __init__(self, loader: DataLoader, batches: Any, epoch: _Epoch | None) -> None:
+    def __init__(
+        self, loader: DataLoader, batches: Iterator[Any], epoch: _Epoch | None, reported_len: int | None
+    ) -> None:
         self._loader = loader  # keeps the loader (and its workers) alive while its epoch is read
         self._batches = batches
         self._epoch = epoch
+        self._reported_len = reported_len  # an iterable dataset's len() when len(loader) was asked
+        self._yielded = 0
         self._stopped = False
 
     def __iter__(self) -> _Batches:
@@ -560,6 +630,10 @@ class _Batches:
             raise
         if self._epoch is not None:
             self._loader._delivered(self._epoch, chunk)
+        if self._reported_len is not None:
+            self._yielded += 1
+            if self._yielded > self._reported_len:
+                self._warn_len()
         if OBJECT in chunk:
             return _pin_tree(chunk[OBJECT]) if self._loader._pin else chunk[OBJECT]
         if FAILURE in chunk:
@@ -570,6 +644,20 @@ class _Batches:
 
     def __len__(self) -> int:
         return len(self._loader)
+
+    def _warn_len(self) -> None:
+        """More batches than the iterable dataset's reported length: torch's warning, in its words."""
+        loader = self._loader
+        text = (
+            f"Length of IterableDataset {dataset_name(loader.dataset)} was reported to be {self._reported_len} "
+            f"(when accessing len(dataloader)), but {self._yielded} samples have been fetched. "
+        )
+        if loader.num_workers > 0:
+            text += (
+                "For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker (see torch.utils.data.get_worker_info)."
+            )
+        warnings.warn(text, UserWarning, stacklevel=3)
 
 
 class _Epoch:
@@ -687,31 +775,59 @@ def _warn_copy_on_read(dataset: Any, method: str) -> None:
             warnings.warn(words, shared_list.CopyOnReadWarning, stacklevel=3)
 
 
+def _check_workers(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: Any) -> None:
+    """Torch's checks of the worker arguments, in its words (``ValueError``)."""
+    if num_workers != "auto" and (isinstance(num_workers, bool) or not isinstance(num_workers, int)):
+        raise ValueError(f'intune.DataLoader: num_workers must be "auto" or an integer >= 0, got {num_workers!r}')
+    if isinstance(num_workers, int) and num_workers < 0:
+        raise ValueError(
+            "intune.DataLoader: num_workers option should be non-negative; use num_workers=0 to disable "
+            f"multiprocessing (got {num_workers})"
+        )
+    if timeout < 0:
+        raise ValueError(f"intune.DataLoader: timeout option should be non-negative, got {timeout!r}")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError(
+            "intune.DataLoader: prefetch_factor option could only be specified in multiprocessing: let "
+            "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None"
+        )
+    if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or prefetch_factor < 1):
+        raise ValueError(f"intune.DataLoader: prefetch_factor must be a positive integer, got {prefetch_factor!r}")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("intune.DataLoader: persistent_workers option needs num_workers > 0")
+
+
 def _start_workers(num_workers: int | str, machine_share: float) -> int:
     """``"auto"``: one worker per CPU of this rank's share of the machine (at least one)."""
     if num_workers == "auto":
         return max(1, round(available_cpus() * machine_share))
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(
-            f'intune.DataLoader: num_workers must be "auto" or an integer >= 0, got {num_workers!r}'
+    return int(num_workers)
+
+
+def _worker_range(num_workers: int | str, start: int, max_workers: int | None, tuned: bool) -> tuple[int, int, int]:
+    """``(start, floor, ceiling)`` of the workers' knob. An explicit ``num_workers`` is never cut down
+    silently: it raises the default ceiling, is the floor of a tuner's range, and only an explicit
+    ``max_workers`` below it caps it, with a warning; more workers than CPUs warn as torch warns."""
+    ceiling = max_workers if max_workers is not None else max(default_max_workers(), start)
+    if start > ceiling:
+        warnings.warn(
+            f"intune.DataLoader: num_workers={start} is above max_workers={ceiling}: the loader is capped at "
+            f"{ceiling} workers (raise max_workers to run {start})",
+            UserWarning,
+            stacklevel=3,
         )
-    return num_workers
-
-
-def start_method(context: Any) -> str:
-    """How workers start, from torch's ``multiprocessing_context``: ``"fork"`` (torch's default on
-    Linux, and ours where ``os.fork`` exists) or ``"spawn"`` (fresh interpreters; ``"forkserver"`` too)."""
-    if context is None:
-        return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
-    name = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
-    if name == "fork":
-        return "fork"
-    if name in ("spawn", "forkserver"):
-        return "spawn"
-    raise ValueError(
-        f"intune.DataLoader: multiprocessing_context must be 'fork', 'spawn', 'forkserver' or such a "
-        f"multiprocessing context, got {context!r}"
-    )
+        start = ceiling
+    cpus = available_cpus()
+    if num_workers != "auto" and start > cpus:
+        warnings.warn(
+            f"intune.DataLoader will create {start} worker processes, more than the {cpus:g} CPUs this process "
+            "may use (the suggested maximum): excessive worker creation might get DataLoader running slow "
+            "or even freeze; lower num_workers, or let num_workers='auto' size it",
+            UserWarning,
+            stacklevel=3,
+        )
+    floor = start if tuned and num_workers != "auto" and start > 0 else 1
+    return start, floor, ceiling
 
 
 def _pin_memory(asked: bool) -> bool:

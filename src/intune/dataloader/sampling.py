@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.dataloader.fetch import INDEX, SEED
+from intune.dataloader.fetch import INDEX, NUMBER
 from intune.dataloader.resume import Delivered, ResumeMismatchError, batch_digest
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment
@@ -59,13 +59,15 @@ def check_iterable_arguments(
     """An iterable dataset decides its own order: torch refuses a shuffle or a sampler for it."""
     if shuffle not in (None, False):
         raise ValueError(
-            f"intune.DataLoader with an IterableDataset: shuffle must be left unset, got shuffle={shuffle!r}"
+            "intune.DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+            f"shuffle={shuffle!r} (the dataset orders itself)"
         )
-    if sampler is not None or batch_sampler is not None:
-        which = "sampler" if sampler is not None else "batch_sampler"
-        raise ValueError(
-            f"intune.DataLoader with an IterableDataset: {which} must be left unset (the dataset orders itself)"
-        )
+    for which, given in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+        if given is not None:
+            raise ValueError(
+                f"intune.DataLoader with IterableDataset: expected unspecified {which} option, but got "
+                f"{which}={given!r} (the dataset orders itself)"
+            )
     _check_batch_size(batch_size, drop_last)
 
 
@@ -73,7 +75,8 @@ def _check_batch_size(batch_size: int | None, drop_last: bool) -> None:
     if batch_size is None:
         if drop_last:
             raise ValueError(
-                "intune.DataLoader: batch_size=None turns batching off, so drop_last=True means nothing"
+                "intune.DataLoader: batch_size=None option disables auto-batching and is mutually exclusive "
+                "with drop_last"
             )
         return
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -99,14 +102,12 @@ def build_plan(
 
     shuffle = bool(shuffle)
     if sampler is not None and shuffle:
-        raise ValueError(
-            "intune.DataLoader: sampler and shuffle=True exclude each other (the sampler orders)"
-        )
+        raise ValueError("intune.DataLoader: sampler option is mutually exclusive with shuffle (the sampler orders)")
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
             raise ValueError(
-                "intune.DataLoader: batch_sampler excludes batch_size, shuffle, sampler and drop_last "
-                "(the batch sampler decides them)"
+                "intune.DataLoader: batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                "sampler, and drop_last (the batch sampler decides them)"
             )
         return Plan(None, batch_sampler, None, False, False)
     _check_batch_size(batch_size, drop_last)
@@ -158,13 +159,12 @@ def one_key(index: Any) -> np.ndarray:
 
 
 class IndexSource(Source):
-    """The pipeline's source: one item per batch (its indices and seed), in the sampler's order.
+    """The pipeline's source: one item per batch (its indices), in the sampler's order.
 
     ``begin`` is called on the loader's thread at each ``iter(loader)``: it starts the sampler there and
     takes its first batch, so that a sampler drawing from torch's global generator draws at the same
     moment as under torch's DataLoader; the rest is taken by the pipeline's reading thread. Batches keep
-    their number in the sampler's order (their workers' seeds depend on it), also after a resume skips
-    some; ``digests`` holds each sent batch's ``batch_digest`` until the loader records its delivery."""
+    their number in the sampler's order, also after a resume skips some; ``digests`` holds each sent batch's ``batch_digest`` until the loader records its delivery."""
 
     parallel = False
 
@@ -174,16 +174,15 @@ class IndexSource(Source):
         self._keys = keys_array if batched else one_key  # a batch sampler's lists, or one sampler element
         self._batches: Iterator[Any] | None = None
         self._epoch = 0
-        self._seed = 0
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()  # for error messages only
         # digests of the batches sent and not yet delivered (the loader pops each on delivery)
         self.digests: dict[int, int] = {}
 
-    def begin(self, index_sampler: Any, epoch: int, seed: int, delivered: Delivered | None = None) -> None:
+    def begin(self, index_sampler: Any, epoch: int, delivered: Delivered | None = None) -> None:
         """Start the epoch's sampler here and take its first batch; with ``delivered`` (a resume), skip
         the batches it holds without fetching them, after checking that the regenerated order gives
         them the same indices (``ResumeMismatchError`` otherwise)."""
-        self._epoch, self._seed = epoch, seed
+        self._epoch = epoch
         self.digests.clear()
         numbered = enumerate(iter(index_sampler))
         if delivered is None or delivered.frontier == 0:
@@ -216,10 +215,11 @@ class IndexSource(Source):
             keys = self._keys(batch)
             self._remember(number, keys)
             self.digests[number] = batch_digest(number, keys)
-            seed = np.array([self._seed, self._epoch, number], dtype=np.int64)
             rows = len(keys)
             origin = Origin((Segment(self, number, 0, rows),))
-            yield Item({INDEX: keys, SEED: seed}, origin, rows, keys.nbytes + seed.nbytes)
+            # the batch's number: an in-process fetcher takes the dataset's state after it (resume)
+            number_col = np.array([number], dtype=np.int64)
+            yield Item({INDEX: keys, NUMBER: number_col}, origin, rows, keys.nbytes + number_col.nbytes)
 
     def _remember(self, number: int, keys: np.ndarray) -> None:
         self._recent[number] = keys

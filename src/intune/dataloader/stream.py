@@ -2,11 +2,10 @@
 
 Owns ``StreamSource``, the pipeline's source for an ``IterableDataset``: it takes ``batch_size``
 samples at a time from the epoch's iterator (the last batch shorter unless ``drop_last``) and collates
-them, as torch's DataLoader does with ``num_workers=0``; ``get_worker_info()`` is ``None`` there, so a
-dataset that shards itself by worker yields every row, once. An iterable is not split among workers:
-its rows can only be divided by the dataset itself, for a fixed number of workers, and a live-resized
-worker count would lose or repeat rows. An exception in the dataset or ``collate_fn`` reaches the
-training loop as it was raised and ends the epoch.
+them, as torch's DataLoader does with ``num_workers=0`` (with workers, ``shards`` reads it);
+``get_worker_info()`` is ``None`` there, so a dataset that shards itself by worker yields every row,
+once. An exception in the dataset or ``collate_fn`` travels in its batch's place: the loop gets the
+batches made before it, then the exception, and a next ``next()`` asks the iterator again, as torch's.
 
 The epoch's iterator is made by the loader, on its own thread, at ``iter(loader)`` (``begin``):
 ``iter(dataset)`` is called once per epoch, and samples are then taken with ``next()`` alone (never
@@ -29,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from intune.dataloader import dataset_state
-from intune.dataloader.fetch import DATASET_STATE, NUMBER, OBJECT
+from intune.dataloader.fetch import DATASET_STATE, FAILURE, NUMBER, OBJECT, failure_record
 from intune.dataloader.transport import nbytes
 from intune.pipeline.channel import Item
 from intune.pipeline.chunks import Origin, Segment
@@ -77,7 +76,12 @@ class StreamSource(Source):
                 break
         every = self.snapshot_every
         while True:
-            batch, rows = self._batch(samples)
+            try:
+                batch, rows = self._batch(samples)
+            except Exception as exc:  # noqa: BLE001 - raised in its turn, after the batches made before it
+                yield self._failed(exc, f"batch #{number}", number)
+                number += 1
+                continue  # as torch: the next batch asks the iterator again (a generator that raised ends)
             if batch is _DONE:
                 break
             chunk = {OBJECT: batch, NUMBER: number}
@@ -89,6 +93,11 @@ class StreamSource(Source):
         # position) has its end-of-epoch state saved, so a checkpoint between epochs resumes the next one
         if snapshots:
             self.end_snapshot = dataset_state.take(self.dataset, samples, number)
+
+    def _failed(self, exc: BaseException, where: str, number: int) -> Item:
+        """The dataset's (or ``collate_fn``'s) exception as an item in its batch's place."""
+        record = failure_record(exc, f"{where} of the iterable dataset", self.name, None)
+        return Item({FAILURE: record, NUMBER: number}, Origin((Segment(self, number, 0, 0),)), 0, 0)
 
     def _batch(self, samples: Iterator[Any]) -> tuple[Any, int]:
         """The next collated batch and its rows, or ``_DONE`` when the iterator ran out (``next()`` only:

@@ -6,13 +6,26 @@ and back. The arrays go through the engine's shared-memory transport (no picklin
 the spec holds the structure, the torch dtype of each tensor and every non-array value, and is pickled
 into one ``uint8`` column. A tensor numpy cannot view (bfloat16, float8, sparse, quantized, one that
 requires grad) and any container other than ``dict`` / ``OrderedDict`` / ``list`` / ``tuple`` /
-named tuple travels pickled whole inside the spec: correct, only slower. It must not know about
-datasets, samplers or workers.
+named tuple travels pickled whole inside the spec: correct, only slower.
+
+Classes come back as themselves. One that pickle finds by its module and name (most) travels by that
+name. One it cannot find travels as a reference: the attribute path under its module where the
+worker finds it (a named tuple kept as a class attribute, ``Dataset.Batch``), and, from a worker
+forked from the loader (``FORKED_FROM``), its address, which is where the loader has the class the
+worker inherited (one defined in a function too); either is checked against the class's module and
+name, so the batch holds the loader's own class and ``isinstance`` holds. A class the loader does
+not have (made in the worker after it started) is rebuilt from its definition, which travels once
+per worker (cloudpickle): a look-alike, the best there is. It must not know about datasets,
+samplers or workers.
 """
 
 from __future__ import annotations
 
+import gc
+import io
+import os
 import pickle
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -36,15 +49,133 @@ def encode(batch: Any) -> dict[str, np.ndarray]:
     return out
 
 
+FORKED_FROM: int | None = None
+"""In a worker forked from the loader: the loader's pid (set at the worker's start), whose memory
+holds every class the worker inherited at the same address."""
+
+_SENT: set[int] = set()  # classes whose definition this worker has sent (by address)
+_CLASSES: dict[tuple, type] = {}  # the loader's side: classes found or rebuilt, by where they came from
+
+
 def _dumps(spec: tuple) -> bytes:
-    """Plain pickle, else cloudpickle (a class the worker rebuilt from the loader's ``__main__``:
-    cloudpickle hands back the loader's own class for it)."""
+    """Plain pickle (C speed; classes by name), else a pickler that sends the classes pickle cannot
+    name as references (see the module doc)."""
     try:
         return pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError):
+        buffer = io.BytesIO()
+        _class_pickler()(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(spec)
+        return buffer.getvalue()
+
+
+_PICKLER: type | None = None
+
+
+def _class_pickler() -> type:
+    """cloudpickle's pickler, with a class that cannot be imported by its name sent as a reference to
+    ``_class`` (made once: cloudpickle is imported only when a batch needs it)."""
+    global _PICKLER
+    if _PICKLER is None:
         import cloudpickle
 
-        return cloudpickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+        class ClassPickler(cloudpickle.Pickler):
+            def reducer_override(self, obj: Any) -> Any:
+                if isinstance(obj, type) and not _importable(obj):
+                    address = id(obj)
+                    definition = None
+                    if address not in _SENT:
+                        definition = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+                        _SENT.add(address)
+                    where = (FORKED_FROM, os.getpid(), address, _path_of(obj))
+                    return _class, (*where, obj.__module__, obj.__qualname__, definition)
+                return super().reducer_override(obj)
+
+        _PICKLER = ClassPickler
+    return _PICKLER
+
+
+def _importable(kind: type) -> bool:
+    """Whether pickle finds ``kind`` again by its module and qualified name."""
+    target: Any = sys.modules.get(kind.__module__)
+    for part in kind.__qualname__.split("."):
+        target = getattr(target, part, None)
+    return target is kind
+
+
+_PATHS: dict[int, str | None] = {}  # the worker's side: each class's attribute path under its module
+
+
+def _path_of(kind: type) -> str | None:
+    """Where ``kind`` is found under its module: attribute names joined by dots (classes searched three
+    levels deep), or None (a class defined in a function)."""
+    if id(kind) not in _PATHS:
+        _PATHS[id(kind)] = _search(sys.modules.get(kind.__module__), lambda obj: obj is kind)
+    return _PATHS[id(kind)]
+
+
+def _search(module: Any, match: Any) -> str | None:
+    """The dotted attribute path of the first class under ``module`` that ``match`` accepts."""
+    frontier: list[tuple[str, Any]] = [("", module)]
+    seen: set[int] = set()
+    for _depth in range(3):
+        nested = []
+        for prefix, space in frontier:
+            for key, value in list(getattr(space, "__dict__", {}).items()):
+                if isinstance(value, type) and id(value) not in seen:
+                    path = f"{prefix}{key}"
+                    if match(value):
+                        return path
+                    seen.add(id(value))
+                    nested.append((f"{path}.", value))
+        frontier = nested
+    return None
+
+
+def _class(
+    forked_from: int | None,
+    worker: int,
+    address: int,
+    path: str | None,
+    module: str,
+    name: str,
+    definition: bytes | None,
+) -> type:
+    """The loader's class for a worker's class reference: found by its attribute path, or by address
+    (only in the loader the worker was forked from), else rebuilt once per worker from its definition."""
+    inherited = (address, path, module, name)
+    found = _CLASSES.get(inherited)
+    if found is not None:
+        return found
+    if path is not None:
+        target: Any = sys.modules.get(module)
+        for part in path.split("."):
+            target = getattr(target, part, None)
+        if isinstance(target, type) and target.__qualname__ == name and target.__module__ == module:
+            _CLASSES[inherited] = target
+            return target
+    if forked_from == os.getpid():
+        found = _find_class(address, module, name)
+        if found is not None:
+            _CLASSES[inherited] = found
+            return found
+    rebuilt = (worker, address, module, name)
+    if rebuilt not in _CLASSES:
+        if definition is None:
+            raise pickle.UnpicklingError(f"class {module}.{name} from worker pid {worker} came without its definition")
+        import cloudpickle
+
+        _CLASSES[rebuilt] = cloudpickle.loads(definition)
+    return _CLASSES[rebuilt]
+
+
+def _find_class(address: int, module: str, name: str) -> type | None:
+    """The class at ``address`` in this process, if it is one named ``module.name``, among every object
+    the collector tracks (once per class: the answer is kept)."""
+
+    def match(obj: Any) -> bool:
+        return id(obj) == address and isinstance(obj, type) and obj.__qualname__ == name and obj.__module__ == module
+
+    return next((obj for obj in gc.get_objects() if match(obj)), None)
 
 
 def decode(columns: Mapping[str, np.ndarray], pin: bool = False) -> Any:

@@ -1,0 +1,81 @@
+"""``intune bench dataloader-suite``: a peer test file is run unchanged and with intune.DataLoader swapped
+in, and the report names each test torch passes and intune does not, with the private attribute it read."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from intune import cli
+from intune.bench.dataloader_suite import swap
+
+pytestmark = pytest.mark.timeout(300)
+
+PEER = textwrap.dedent(
+    '''
+    import unittest
+
+    import torch
+    from torch.utils.data import (
+        DataLoader,
+        Dataset,
+    )
+
+
+    class Rows(Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return i
+
+
+    class TestSmall(unittest.TestCase):
+        def test_batches(self):
+            loader = DataLoader(Rows(), batch_size=2, num_workers=0)
+            self.assertEqual([b.tolist() for b in loader], [[0, 1], [2, 3], [4, 5]])
+            self.assertIsInstance(loader, torch.utils.data.DataLoader)
+
+        def test_private(self):
+            self.assertFalse(DataLoader(Rows(), batch_size=None, num_workers=0)._auto_collation)
+
+        def test_typing(self):
+            def f() -> DataLoader[list[torch.Tensor]]:
+                pass
+
+        @unittest.skip("never")
+        def test_skipped(self):
+            pass
+    '''
+)
+
+
+def test_swap_makes_every_dataloader_intunes_and_refuses_another_file() -> None:
+    text = swap(PEER, "off")
+    assert "    DataLoader,\n" not in text and "class DataLoader(intune.DataLoader[_T])" in text
+    assert "tune=None" in text
+    with pytest.raises(ValueError, match="not PyTorch's test_dataloader.py"):
+        swap("import torch\n", "on")
+
+
+def test_the_report_names_what_passes_with_torch_only(tmp_path: Path) -> None:
+    peer = tmp_path / "peer.py"
+    peer.write_text(PEER)
+    md, js = tmp_path / "suite.md", tmp_path / "suite.json"
+    code = cli.main(["bench", "dataloader-suite", "--peer", str(peer), "--modes", "torch,off",
+                     "--md", str(md), "--json", str(js)])
+    assert code == 0
+    data = json.loads(js.read_text())
+    counts = {r["run"]: r for r in data["results"]}
+    assert (counts["torch"]["passed"], counts["torch"]["skipped"]) == (3, 1)
+    # intune's loader is no torch DataLoader subclass and has no _auto_collation: both named
+    assert counts["off"]["passed"] == 1 and counts["off"]["failed"] == 2
+    short = {r["test"]: r for r in data["shortfalls"]["off"]}
+    assert set(short) == {"TestSmall.test_batches", "TestSmall.test_private"}
+    assert short["TestSmall.test_private"]["reads torch's private attribute"] == "_auto_collation"
+    assert short["TestSmall.test_batches"]["reads torch's private attribute"] == ""
+    text = md.read_text()
+    assert "Pass with torch, not with intune (off)" in text and "_auto_collation" in text
