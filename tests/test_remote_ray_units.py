@@ -280,7 +280,8 @@ def test_a_cluster_that_cannot_start_workers_leaves_the_epoch_to_the_local_worke
 
 
 def test_a_remote_chunk_past_timeout_is_skipped_and_its_worker_released():
-    pipe, stage, registry = _fake_pipeline(n=1000, hang=True, timeout_s=0.5, on_error="skip")
+    # the hung chunk never ends; 5 s keeps the others, slowed by a busy machine, from reaching the timeout
+    pipe, stage, registry = _fake_pipeline(n=1000, hang=True, timeout_s=5.0, on_error="skip")
     with pipe:
         ids = delivered_ids(pipe)
         skipped = pipe.metrics().stages["udf"].skipped
@@ -290,7 +291,7 @@ def test_a_remote_chunk_past_timeout_is_skipped_and_its_worker_released():
 
 
 def test_a_remote_chunk_past_timeout_fails_the_epoch_naming_the_stage_and_the_chunk():
-    pipe, stage, registry = _fake_pipeline(n=1000, hang=True, timeout_s=0.5)
+    pipe, stage, registry = _fake_pipeline(n=1000, hang=True, timeout_s=5.0)
     with pipe, pytest.raises(StageTimeoutError) as info:
         list(pipe)
     assert registry.hung is not None

@@ -5,7 +5,7 @@ dies (SIGKILL, the OOM killer), Ray's core worker ends the driver's process the 
 object store or the raylet (``_Exit(1)`` in C++: no Python exception, no exit handler, nothing printed but
 Ray's own log). So intune never makes the trainer a Ray driver: ``RayHost.start`` starts one host per
 trainer process, which calls ``ray.init`` (a cluster's address, or ``"local"`` for a local Ray it starts
-and that lives in its process group), creates the actors (``remote_ray.RayActor``) and moves chunks
+and that lives in its process group), creates the actors (``ray_actor.RayActor``) and moves chunks
 between the trainer and Ray. A Ray this process initialised itself is used in-process instead
 (``remote_ray.connect``): the trainer is then a driver by its own choice.
 
@@ -481,7 +481,7 @@ def _serve_cpus(ray: Any, conn: Connection) -> None:
 
 def _serve_actor(ray: Any, conn: Connection, fn_blob: bytes, sys_path: list[str], out_prefix: str) -> None:
     """One actor for as long as its connection lasts: requests answered in order."""
-    from intune.pipeline.remote_ray import RayActor, lost_words
+    from intune.pipeline.ray_actor import RayActor, lost_words
 
     served: _Served | None = None
     failure = ""

@@ -59,7 +59,7 @@ class RemoteInitError(Exception):
 
 
 class RemoteWorker(Protocol):
-    """One remote worker as the loop sees it (``remote_ray.RayActor``)."""
+    """One remote worker as the loop sees it (``ray_actor.RayActor``)."""
 
     where: str  # for messages: the worker, its node
 
