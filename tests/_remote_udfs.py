@@ -27,7 +27,8 @@ def after_remote_workers_ran(marker: str, fn, arg, remotes: int = 1):
     """``fn(arg)``, where a remote worker first marks that it ran (a file ``<marker>.<its pid>``) and a local
     worker waits until ``remotes`` remote workers did before it runs (within a hang bound): that much of
     the epoch goes to the remote workers however slow they are to start on a busy machine, since the
-    local workers cannot do it all first."""
+    local workers cannot do it all first. (With ``remotes`` > 1, the first remote workers may fill the
+    output window, held behind the local worker's chunk, before the others are ready for a chunk.)"""
     if on_ray():
         mine = f"{marker}.{os.getpid()}"
         if not os.path.exists(mine):

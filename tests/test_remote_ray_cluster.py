@@ -84,11 +84,13 @@ def _cluster_is_idle() -> bool:
 
 
 def _two_actors_busy() -> intune.Pipeline:
-    """A pipeline of ``slow_chunk`` whose 2 actors both run chunks before its local worker runs any (so
-    that its epoch cannot end before they start, however slow the machine)."""
+    """A pipeline of ``slow_chunk`` with 2 actors, whose local worker runs nothing before an actor ran a
+    chunk, over an epoch of minutes: the other actor starts long before it ends, however slow the
+    machine. (Waiting for both would not do: the first one may fill the output window, held behind the
+    local worker's chunk, before the second one is ready for a chunk.)"""
     marker = os.path.join(tempfile.mkdtemp(prefix="intune-test-"), "ran")
-    fn = functools.partial(after_remote_workers_ran, marker, slow_chunk, remotes=2)
-    return intune.Pipeline.from_iterable(id_chunks(8000, 50)).map(
+    fn = functools.partial(after_remote_workers_ran, marker, slow_chunk)
+    return intune.Pipeline.from_iterable(id_chunks(200_000, 50)).map(
         fn, name="udf", mode="process", remote="ray", remote_workers=2
     ).batch(100)
 
