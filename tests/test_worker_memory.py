@@ -71,23 +71,6 @@ def test_an_added_worker_is_priced_at_its_reading_not_the_probe():
     assert safety.stage_worker_bytes(measured)[0] == pytest.approx(40 * MB * READING_MARGIN)
 
 
-def test_on_saturated_cpus_the_busiest_stage_reads_busy_and_no_worker_uses_more_cpu_than_its_time():
-    # bench tune's pipeline on 2 CPUs with 2 readers and 3 UDF workers: CPU-bound. The engine counts a
-    # worker waiting for a CPU as busy, so the UDF's three reads busy 1.0, each at a share of a CPU below 1
-    from intune.bench.tune_workload import simulated_spec
-
-    sim = Simulator(simulated_spec(), cpus=2, seed=0, noise=0.0)
-    sim.reset()
-    sim.knobs["read.workers"].set(2)
-    sim.knobs["udf.workers"].set(3)
-    for _ in range(30):
-        obs = sim.step()
-    udf = obs.stage("udf")
-    assert udf.busy == pytest.approx(1.0, abs=0.02)
-    assert 0.5 < udf.cpu_share < 0.75  # two CPUs shared by three busy workers (and a little for the rest)
-    assert all(s.cpu_share is None or s.cpu_share <= 1.0 + 1e-9 for s in obs.stages)
-
-
 def test_while_the_trainer_stalls_on_saturated_cpus_every_field_is_a_number():
     # a CPU-bound spec whose trainer pauses: nothing flows during the pause, and no field may turn NaN
     from intune.bench.tune_workload import simulated_spec
