@@ -47,14 +47,20 @@ def busy_chunk(chunk: dict) -> dict:
 
 
 def held_on_ray(marker: str, node_id: str, chunk: dict) -> dict:
-    """``busy_chunk``, except that a remote worker (on node ``node_id``, or on any if it is empty) holds
-    the chunk until a file at ``marker`` exists (within a hang bound), after saying so with a file at
-    ``marker + ".held"``: a test removes the node meanwhile, so that a chunk is in flight there when it
-    goes and the local workers cannot end the epoch first, however slow or fast each side is."""
-    if on_ray() and (not node_id or _node_id() == node_id):
-        open(marker + ".held", "a").close()
-        deadline = time.monotonic() + 120
+    """``busy_chunk``; until a file at ``marker`` exists, every remote worker holds its chunk after saying
+    so with a file ``<marker>.held.<its node>``, and a local worker waits before it runs until the remote
+    worker on node ``node_id`` (on any if it is empty) holds one (within hang bounds). A test removes the
+    node meanwhile: a chunk is in flight there when it goes, and the epoch cannot end first, however
+    slow or fast each side is. (The other remote workers hold theirs too, so that none of them fills
+    the output window before the one on ``node_id`` took a chunk.)"""
+    deadline = time.monotonic() + 120
+    if on_ray():
+        open(f"{marker}.held.{_node_id()}", "a").close()
         while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    else:
+        held = f"{glob.escape(marker)}.held.{node_id or '*'}"
+        while not os.path.exists(marker) and not glob.glob(held) and time.monotonic() < deadline:
             time.sleep(0.01)
     return busy_chunk(chunk)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import glob
 import logging
 import os
 import subprocess
@@ -142,19 +143,20 @@ def _warm(pipe: intune.Pipeline, actors: int) -> None:
 
 
 class _RemoveWhenHeld:
-    """Removes ``nodes`` from the cluster once a remote worker holds a chunk (``held_on_ray`` says so),
-    on a thread of its own: the epoch's output waits for that chunk until the removal hands it to the
-    other workers. Then lets held chunks go (were the node still there)."""
+    """Removes ``nodes`` from the cluster once the remote worker on ``node_id`` (on any node if it is
+    empty) holds a chunk (``held_on_ray`` says so), on a thread of its own: the epoch's output waits for
+    that chunk until the removal hands it to the other workers. Then lets held chunks go."""
 
-    def __init__(self, cluster, nodes: list, marker) -> None:
+    def __init__(self, cluster, nodes: list, marker, node_id: str = "") -> None:
         self.removed = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(cluster, nodes, marker), daemon=True)
+        held = f"{glob.escape(str(marker))}.held.{node_id or '*'}"
+        self._thread = threading.Thread(target=self._run, args=(cluster, nodes, marker, held), daemon=True)
         self._thread.start()
 
-    def _run(self, cluster, nodes: list, marker) -> None:
+    def _run(self, cluster, nodes: list, marker, held: str) -> None:
         try:
-            _wait_for(lambda: os.path.exists(f"{marker}.held"), "a chunk held on a remote worker")
+            _wait_for(lambda: bool(glob.glob(held)), "a chunk held on a remote worker")
             self.removed = True
         except BaseException as exc:  # noqa: BLE001 - raised by join()
             self._error = exc
@@ -175,8 +177,8 @@ def _held(pipe_of, marker, node_id: str, actors: int) -> intune.Pipeline:
     marker.touch()
     _warm(pipe, actors)
     marker.unlink()
-    if os.path.exists(f"{marker}.held"):
-        os.unlink(f"{marker}.held")
+    for held in glob.glob(f"{glob.escape(str(marker))}.held.*"):
+        os.unlink(held)
     return pipe
 
 
@@ -192,9 +194,9 @@ def test_a_node_removed_mid_epoch_loses_and_repeats_no_row(cluster, caplog, tmp_
         ).batch(100)
 
     with caplog.at_level(logging.WARNING, logger="intune.pipeline.remote_ray"):
-        # one actor on each of the 3 nodes (1 CPU each); the one on the extra node holds its chunks
+        # one actor on each of the 3 nodes (1 CPU each), holding their chunks until the extra node is gone
         with _held(pipe_of, marker, extra.node_id, 3) as pipe:
-            remover = _RemoveWhenHeld(cluster, [extra], marker)
+            remover = _RemoveWhenHeld(cluster, [extra], marker, extra.node_id)
             ids = np.concatenate([batch["id"] for batch in pipe])
             remover.join()
             m = pipe.metrics().stages["udf"]

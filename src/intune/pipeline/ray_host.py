@@ -306,8 +306,9 @@ class HostedActor:
         self.is_ready = False
         self.where = "a Ray actor (starting)"
         sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]  # "" is the working directory
+        self._out_prefix = f"{base}-out-"
         try:
-            self._socket, self._conn = host.open("actor", fn_blob, sys_path, f"{base}-out-")
+            self._socket, self._conn = host.open("actor", fn_blob, sys_path, self._out_prefix)
         except HostGone as exc:
             self._input.close()
             raise RemoteLost(str(exc)) from exc
@@ -384,6 +385,7 @@ class HostedActor:
             self._killed = True
             self._output.close()
             self._input.close()
+        shm.remove_prefix(self._out_prefix)  # the host's output segment, were the host killed
 
 
 # ---- the host's side --------------------------------------------------------------------------------
