@@ -12,7 +12,7 @@ from intune.monitor.observation import Observation, StageObservation
 from intune.policies import clamp_request, make
 from intune.policies.plumber import (
     PlumberPolicy,
-    _StageProfile,
+    StageProfile,
     prefetch_elements,
     rate_of,
     round_allocation,
@@ -100,11 +100,11 @@ def test_sequential_rule():
     one = Knob("t.workers", "cpu", 1, 1, get=lambda: 1, set=lambda v: None)
 
     def profile(workers, cpu, wall, items):
-        return _StageProfile(
+        return StageProfile(
             items=items, cpu_s=cpu * items, wall_s=wall * items, busy_workers_s=workers, time_s=1.0
         )
 
-    assert PlumberPolicy.is_sequential(one, _StageProfile())
+    assert PlumberPolicy.is_sequential(one, StageProfile())
     # 4 busy workers using one core between them, each element taking 4x its CPU time: GIL-bound
     assert PlumberPolicy.is_sequential(knob, profile(4, 0.01, 0.04, 100))
     # I/O-bound: 4 busy workers but a tenth of a core
@@ -174,7 +174,7 @@ def test_lp_cpu_constraint_bounds_the_rate():
 
 def test_io_bound_rule():
     def profile(cpu, wall):
-        return _StageProfile(items=100, cpu_s=cpu * 100, wall_s=wall * 100, time_s=1.0)
+        return StageProfile(items=100, cpu_s=cpu * 100, wall_s=wall * 100, time_s=1.0)
 
     waiting = PlumberPolicy.io_bound(
         {"read": profile(0.01, 0.1), "udf": profile(0.05, 0.05), "batch": profile(0.02, 0.03)}

@@ -11,6 +11,7 @@ from typing import Any
 
 from intune.agent.decision import DECISIONS
 from intune.monitor.observation import MEMORY_SAFE_FRACTION
+from intune.policies.safety import TRIM_MARGIN
 
 
 @dataclass
@@ -194,7 +195,7 @@ class AgentConfig:
     online_buffer_size: int = 2048
     """Transitions kept for online fine-tuning."""
 
-    trim_margin: float = 0.65
+    trim_margin: float = TRIM_MARGIN
     """Share of the memory limit that the buffers, if full, plus what is used outside them may take
     before the policy cuts buffers in one tick (``SafetyLayer.trim``); below ``memory_margin`` because
     that projection misses memory that only comes once data flows."""

@@ -42,6 +42,7 @@ waiting map stage, so that they are neither the held-out specs nor pretraining's
 OOM_SEED = 20_231_118  # the tight-memory episodes' generator
 POLICIES = (
     "intune",
+    "planner",
     "steer",
     "intune+steer",
     "oracle",
@@ -50,7 +51,7 @@ POLICIES = (
     "plumber-adaptive",
     "heuristic",
 )
-OOM_POLICIES = ("intune", "steer", "autotune")
+OOM_POLICIES = ("intune", "planner", "steer", "autotune")
 PERIODS = (60, 150)
 SMALL_LEVELS = (2, 4, 8, 4, 2)
 """CPUs of the small machines' resize schedule: the live benchmark's machine has 2."""
@@ -344,8 +345,8 @@ def _by_spec(
 
 
 def is_agent(name: str) -> bool:
-    """intune, its ablation rows and intune+steer: the policies compared with autotune and steer."""
-    return name == "intune" or name.startswith("intune-") or name.startswith("intune+")
+    """intune, its ablation rows, intune+steer and the planner: the policies compared with autotune and steer."""
+    return name in ("intune", "planner") or name.startswith("intune-") or name.startswith("intune+")
 
 
 def summarize(

@@ -1,4 +1,4 @@
-"""Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), steer, intune,
+"""Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), steer, planner, intune,
 intune+steer, oracle.
 
 ``make(name)`` builds one by name; the classes live one per module so that each algorithm can be read
@@ -21,6 +21,7 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "plumber-adaptive": ("intune.policies.plumber", "PlumberPolicy", {"adaptive": True}),
     "intune": ("intune.agent.policy", "IntunePolicy", {}),
     "steer": ("intune.policies.steer", "SteerPolicy", {}),
+    "planner": ("intune.policies.planner", "PlannerPolicy", {}),
     "intune+steer": ("intune.agent.policy", "network_with_rules", {}),
     "oracle": ("intune.sim.oracle", "OraclePolicy", {}),
 }

@@ -78,14 +78,9 @@ from intune.knobs import Knob
 from intune.monitor.observation import Observation
 from intune.policies.base import cpu_budget
 from intune.policies.remote_sizing import REMOTE_MIN_GAIN
+from intune.policies.stage_costs import StageProfile, io_bound, is_sequential, prefetch_elements, profile_of
 from intune.policies.static import changes
 from intune.units import MB
-
-MAX_PREFETCH_ELEMENTS = 256
-IO_BOUND_SHARE = 0.5
-"""A stage whose CPU share (CPU seconds per busy wall second) is at most this share of the largest
-stage's waits more than it computes: it is rated by its wall time (I/O), not its CPU time."""
-
 
 # ------------------------------------------------------------------------------- the LP and rounding
 
@@ -233,28 +228,6 @@ def round_allocation(
     return alloc
 
 
-def prefetch_elements(theta: float, demand: float) -> int:
-    """Prefetch depth from the rate gap: ``1 + ceil(rho / (1 - rho))`` with ``rho = demand / theta``."""
-    if demand <= 0 or theta <= 0 or not math.isfinite(theta) or demand >= theta:
-        return 1
-    rho = demand / theta
-    return int(min(MAX_PREFETCH_ELEMENTS, 1 + math.ceil(rho / (1.0 - rho) - 1e-9)))
-
-
-# ------------------------------------------------------------------------------------- the profile
-
-
-@dataclass
-class _StageProfile:
-    items: float = 0.0
-    cpu_s: float = 0.0
-    wall_s: float = 0.0
-    busy_workers_s: float = 0.0
-    bytes: float = 0.0
-    time_s: float = 0.0
-    remote_items: float = 0.0  # of ``items``, those remote workers processed (no local CPU or wall time)
-
-
 @dataclass
 class PlumberPlan:
     """One solved plan, for inspection and reports."""
@@ -327,48 +300,21 @@ class PlumberPolicy:
             return False
         return sum(1 for o in self._window if any(s.remote_items_per_s > 0 for s in o.stages)) >= self.profile_ticks
 
-    def _profile(self) -> dict[str, _StageProfile]:
-        prof: dict[str, _StageProfile] = {}
-        for o in self._window:
-            for s in o.stages:
-                p = prof.setdefault(s.name, _StageProfile())
-                n = s.items_per_s * o.dt_s
-                p.items += n
-                p.cpu_s += s.cpu_s_per_item * n
-                p.wall_s += s.wall_s_per_item * n
-                p.busy_workers_s += s.busy * s.workers * o.dt_s
-                p.bytes += s.bytes_per_item * n
-                p.time_s += o.dt_s
-                p.remote_items += s.remote_items_per_s * o.dt_s
-        return prof
+    def _profile(self) -> dict[str, StageProfile]:
+        return profile_of(self._window)
 
-    @staticmethod
-    def is_sequential(knob: Knob, p: _StageProfile) -> bool:
-        """The rule of the module docstring."""
-        if knob.max <= 1:
-            return True
-        if p.time_s <= 0 or p.cpu_s <= 0:
-            return False
-        busy_workers = p.busy_workers_s / p.time_s
-        cores_used = p.cpu_s / p.time_s
-        return busy_workers >= 1.5 and 0.85 <= cores_used <= 1.15 and p.wall_s >= 0.8 * busy_workers * p.cpu_s
-
-    @staticmethod
-    def io_bound(profiles: Mapping[str, _StageProfile]) -> set[str]:
-        """Stages whose CPU share is at most ``IO_BOUND_SHARE`` of the largest (module docstring, 2.)."""
-        shares = {n: p.cpu_s / p.wall_s for n, p in profiles.items() if p.wall_s > 0 and p.items > 0}
-        top = max(shares.values(), default=0.0)
-        return {n for n, u in shares.items() if top > 0 and u <= IO_BOUND_SHARE * top}
+    is_sequential = staticmethod(is_sequential)
+    io_bound = staticmethod(io_bound)
 
     def _solve(self, obs: Observation) -> None:
         prof = self._profile()
         last = obs.stages[-1].name
-        root_items = prof.get(last, _StageProfile()).items
+        root_items = prof.get(last, StageProfile()).items
         if root_items <= 0:
             return
         names = [s.name for s in obs.stages if f"{s.name}.workers" in self._knobs]
         knobs = [self._knobs[f"{n}.workers"] for n in names]
-        empty = _StageProfile()
+        empty = StageProfile()
         cpu_work = [prof.get(n, empty).cpu_s / root_items for n in names]
         seq = [self.is_sequential(k, prof.get(n, empty)) for n, k in zip(names, knobs, strict=True)]
         waiting = self.io_bound({n: prof[n] for n in names if n in prof})
@@ -405,7 +351,7 @@ class PlumberPolicy:
         self._plan_prefetch(obs, prof, root_items, plan)
         self.plan = plan
 
-    def _local_costs(self, name: str, prof: dict[str, _StageProfile], work: float, cpu_work: float) -> tuple[float, float]:
+    def _local_costs(self, name: str, prof: dict[str, StageProfile], work: float, cpu_work: float) -> tuple[float, float]:
         """``(work, cpu work)`` per delivered element of the remote stage's local workers, from the profile's
         elements they processed (the profile divides their time by every element, remote ones included);
         where remote workers took nearly all of them, the last such profile's."""
@@ -424,7 +370,7 @@ class PlumberPolicy:
         return None
 
     def _solve_remote(
-        self, obs: Observation, prof: dict[str, _StageProfile], root_items: float, names: list[str], stage: int,
+        self, obs: Observation, prof: dict[str, StageProfile], root_items: float, names: list[str], stage: int,
         work: list[float], cpu_work: list[float], budget: int, lo: list[int], hi: list[int],
     ) -> tuple[list[float], list[int], float, tuple[dict[str, int], str]]:
         """The remote LP (module docstring): local workers, rounded; the rate; the remote workers."""
@@ -456,7 +402,7 @@ class PlumberPolicy:
         return fractional, alloc, theta, ({name: remote}, priced)
 
     def _plan_prefetch(
-        self, obs: Observation, prof: dict[str, _StageProfile], root_items: float, plan: PlumberPlan
+        self, obs: Observation, prof: dict[str, StageProfile], root_items: float, plan: PlumberPlan
     ) -> None:
         root = obs.stages[-1]
         rows_per_item = root.rows_per_s / root.items_per_s if root.items_per_s > 0 else 0.0

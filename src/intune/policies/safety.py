@@ -57,6 +57,10 @@ STAGE_LEVEL_TICKS = 128
 # a measured worker's price: its reading (``StageObservation.worker_bytes``) times this, for the reading's
 # noise and for a worker that grows once it holds a larger chunk than those seen
 READING_MARGIN = 1.25
+# share of the limit that the buffers, if full, plus what is used outside them may take before ``trim`` cuts
+# buffers in one tick: below the margin, because that projection misses memory that only comes once data
+# flows (a process worker's first chunks, allocator slack)
+TRIM_MARGIN = 0.65
 
 
 class SafetyLayer:
@@ -637,6 +641,68 @@ class SafetyLayer:
         budget = self.worker_budget(obs, values)
         return any(min(float(self.stage_worker_bytes(obs, refined)[k]), float(self.probe_bytes(obs)[k])) <= budget
                    for refined in (False, True))
+
+    # -- a whole allocation at once ---------------------------------------------------------------
+    def admit(self, obs: Observation, values: Sequence[int], target: Sequence[int], priority: Sequence[int],
+              floor: Sequence[int] | None = None) -> np.ndarray:
+        """The part of a jump from ``values`` to ``target`` that is safe this tick, for planners that
+        move every knob at once: the same limits ``mask`` and ``select`` put on a step.
+
+        - Buffers: cuts pass, and a buffer that cannot fit when full is cut (``trim``) whatever the
+          target, though not below ``floor`` while memory is comfortable (the user's shuffle window);
+          growth fits ``memory_budget`` after the cuts.
+        - Workers: cuts pass. Added workers are granted one at a time, knobs in ``priority`` order
+          (indices, most wanted first; round-robin so that co-bottlenecks grow together), each priced
+          at its stage's bound (``stage_worker_bytes``) against ``worker_budget``; where nothing fits,
+          one worker may be priced at its probe, which sharpens the estimate. Behind a base past the
+          margin (``_under_ceiling``) one worker a tick; after an OOM none until rows flow again.
+        - The CPUs are the runner's (``clamp_request``): a planner plans within ``cpu_budget``.
+
+        Call ``track`` (or ``mask``) once per tick before this."""
+        now = np.asarray(values, dtype=np.int64)
+        out = np.array([k.clamp(int(t)) for k, t in zip(self.knobs, target, strict=True)], dtype=np.int64)
+        mb, cpu = self._mb, self._cpu
+        if len(mb):
+            comfortable = self.memory_comfortable(obs, now.tolist())
+            cut = self.trim(obs, now.tolist())
+            for k in mb.tolist():
+                if cut[k] < now[k] and cut[k] < out[k] and not (comfortable and floor is not None and out[k] <= floor[k]):
+                    out[k] = cut[k]
+            budget = self.memory_budget(obs, np.where(self._is_cpu, now, np.minimum(out, now)).tolist())
+            for k in mb.tolist():
+                if out[k] > now[k]:
+                    grant = int(min(out[k] - now[k], max(0.0, budget) // MB))
+                    out[k] = now[k] + grant
+                    budget -= grant * MB
+        if not len(cpu):
+            return out
+        after = np.where(self._is_cpu, np.minimum(out, now), out)
+        want = {k: int(out[k] - now[k]) for k in cpu.tolist() if out[k] > now[k]}
+        out[cpu] = after[cpu]
+        if not want:
+            return out
+        room = self.worker_budget(obs, after.tolist())
+        room -= float(sum(max(0, int(out[k]) - int(now[k])) for k in mb.tolist())) * MB
+        price = self.stage_worker_bytes(obs).tolist()
+        probe = self.probe_bytes(obs).tolist()
+        order = [k for k in priority if k in want] + [k for k in want if k not in priority]
+        if self._under_ceiling(obs, after.tolist()):
+            want = {order[0]: 1}
+        probing = True
+        while any(want.values()):
+            for k in order:
+                if not want.get(k):
+                    continue
+                cost = price[k]
+                if probing and cost > room and out[k] == now[k]:
+                    cost, probing = min(cost, probe[k]), False
+                if cost > room:
+                    want[k] = 0
+                    continue
+                room -= cost
+                out[k] += 1
+                want[k] -= 1
+        return out
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:

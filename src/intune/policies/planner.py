@@ -1,0 +1,348 @@
+"""``planner``: moves every knob at once to the allocation that per-stage rate models, fitted online,
+predict best within the safe set.
+
+The model. Every stage's cost per delivered element is read from the ticks spent at one allocation
+(``intune.policies.stage_costs``, the profile Plumber solves on): CPU seconds for a stage that
+computes, busy wall seconds for one that waits (I/O-bound), and one worker at most for a stage whose
+workers take turns. An allocation ``a`` then delivers ``min(min_i a_i / work_i, cpus / sum_i cpu_i)``
+elements a second: the slowest stage, or the CPUs shared by every stage's work. Costs are measured at
+the allocation in force, so contention, oversubscription and a UDF that changes speed are in them; the
+model is re-fitted each time ``PROFILE_TICKS`` settled ticks have been seen at one allocation.
+
+The plan. Workers are added one at a time to the slowest stage within the runner's budget
+(``cpu_budget`` workers, and the one past it that ``light_worker_room`` grants a waiting stage): exact
+for a slowest-stage rate. Among allocations within ``NEAR_BEST`` of that rate (or of the consumer's
+demand with ``DEMAND_HEADROOM``, if lower) the one with the fewest workers is taken: each stage gets
+the fewest workers that carry the rate. Buffers: the prefetch holds what the rate gap between the plan
+and the consumer calls for (``prefetch_elements``, at least ``MIN_PREFETCH_ELEMENTS`` for jitter);
+the shuffle buffer stays at the user's window (its size sets how random the order is); others hold.
+
+Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
+allocation in force under the same model, or no less with fewer workers: measurement noise alone never
+moves a knob (a lean plan within ``NEAR_BEST`` is taken when a plan is adopted, not as a move of its
+own, which the next fit could undo). A change of CPUs re-plans at once on the last costs (a CPU's work per element does not
+change with the CPU count) and the model is then re-fitted at the new allocation.
+
+Safety is not the planner's: every jump goes through ``SafetyLayer.admit`` (memory priced from measured
+worker memory, buffers trimmed to the limit), and the runner's clamp applies the CPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from intune.knobs import Knob
+from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
+from intune.policies.base import cpu_budget, light_worker_room
+from intune.policies.remote_sizing import with_remote_placement
+from intune.policies.safety import TRIM_MARGIN, SafetyLayer, shuffle_floor, start_allocation
+from intune.policies.stage_costs import StageProfile, is_sequential, prefetch_elements, profile_of
+from intune.units import MB
+
+PROFILE_TICKS = 4  # settled ticks at one allocation that one fit of the costs reads
+SETTLE_TICKS = 1  # ticks after an allocation change left out of the fit (workers start, queues refill)
+NEAR_BEST = 0.98  # allocations predicted within this share of the best rate compete on workers and memory
+GAIN = 0.05  # what a new plan must predict above the allocation in force to replace it
+DEMAND_HEADROOM = 1.1  # rate planned above a known consumer demand, for its jitter
+MIN_PREFETCH_ELEMENTS = 2
+SCALING_FITS = 8  # recent fits per stage that its scaling (cost per element over its workers) is fitted on
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """A fitted model: per stage with a ``workers`` knob, seconds per delivered element."""
+
+    names: tuple[str, ...]
+    work: tuple[float, ...]  # a worker's seconds per delivered element on a CPU of its own: CPU plus its own wait
+    cpu_work: tuple[float, ...]  # CPU seconds per delivered element
+    sequential: tuple[bool, ...]
+    waiting: tuple[bool, ...]  # waits more than it computes: may take the light worker past the CPUs
+    rows_per_item: float
+    item_bytes: dict[str, float] = field(default_factory=dict)  # mean bytes of a stage's element
+    # how much each added worker lengthens every worker's seconds per element (shared storage, memory
+    # bandwidth, a lock): ``work`` is then the cost at no workers, ``work + slope * w`` at ``w``
+    slope: tuple[float, ...] = ()
+
+    def stage_rate(self, i: int, workers: int) -> float:
+        """Elements/s that ``workers`` workers of stage ``i`` deliver: ``w / (work + slope * w)``."""
+        b = self.slope[i] if self.slope else 0.0
+        cost = self.work[i] + b * workers
+        return workers / cost if cost > 0 else math.inf
+
+    def workers_for(self, i: int, rate: float) -> float:
+        """The fewest (fractional) workers of stage ``i`` that deliver ``rate``; inf past its ceiling."""
+        b = self.slope[i] if self.slope else 0.0
+        if rate * b >= 1.0:
+            return math.inf
+        return rate * self.work[i] / (1.0 - rate * b)
+
+    def rate(self, alloc: Sequence[int], cpus: float) -> float:
+        """Elements/s delivered by ``alloc``: the slowest stage, or the CPUs over all the work."""
+        rates = [self.stage_rate(i, a) for i, a in enumerate(alloc) if self.work[i] > 0]
+        cpu_total = sum(self.cpu_work)
+        cap = cpus / cpu_total if cpu_total > 0 else math.inf
+        return min(min(rates, default=math.inf), cap)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The allocation the planner drives to, with the rate its model predicts (elements/s)."""
+
+    workers: dict[str, int]
+    theta: float
+    cpus: float
+
+
+def contention(profiles: Iterable[StageProfile]) -> float:
+    """How much longer than its CPU time a computing worker's busy time is now: the smallest ratio of
+    busy wall time to CPU time over the stages (the stage that waits least is all CPU), at least 1.
+    Oversubscribed CPUs stretch every worker's wall time by it; what is left is the stage's own wait."""
+    ratios = [p.wall_s / p.cpu_s for p in profiles if p.cpu_s > 0 and p.wall_s > 0]
+    return max(1.0, min(ratios, default=1.0))
+
+
+def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob]) -> StageCosts | None:
+    """The model fitted on ``window`` (ticks at one allocation); None when nothing was delivered."""
+    prof = profile_of(window)
+    last = window[-1].stages[-1].name
+    root_items = prof[last].items if last in prof else 0.0
+    if root_items <= 0:
+        return None
+    names = [s.name for s in window[-1].stages if f"{s.name}.workers" in knobs]
+    profiles = {n: prof[n] for n in names if n in prof}
+    squeeze = contention(profiles.values())
+    work, cpu_work, seq, waiting = [], [], [], []
+    for n in names:
+        p = profiles.get(n)
+        knob = knobs[f"{n}.workers"]
+        s = p is not None and is_sequential(knob, p)
+        cpu = p.cpu_s / root_items if p else 0.0
+        wait = max(0.0, p.wall_s - squeeze * p.cpu_s) / root_items if p else 0.0
+        cpu_work.append(cpu)
+        work.append(cpu + wait)
+        seq.append(s or knob.max <= 1)
+        waiting.append(wait > cpu)
+    rows = sum(o.stages[-1].rows_per_s * o.dt_s for o in window)
+    item_bytes = {n: p.bytes / p.items for n, p in prof.items() if p.items > 0}
+    return StageCosts(tuple(names), tuple(work), tuple(cpu_work), tuple(seq), tuple(waiting), rows / root_items, item_bytes)
+
+
+def with_scaling(costs: StageCosts, seen: Mapping[str, Sequence[tuple[int, float]]]) -> StageCosts:
+    """``costs`` with each stage's cost per element fitted over the worker counts it was measured at
+    (``seen``: stage -> (workers, seconds per element) of recent fits): a least-squares line
+    ``work + slope * w``, slope at least 0; a stage seen at one worker count keeps its cost (slope 0).
+    A stage that stops scaling is then planned at its ceiling instead of being given workers that add
+    nothing."""
+    work, slope = list(costs.work), [0.0] * len(costs.work)
+    for i, name in enumerate(costs.names):
+        points = seen.get(name, ())
+        ws = np.array([p[0] for p in points], dtype=float)
+        if len(points) < 3 or np.ptp(ws) == 0:
+            continue
+        ys = np.array([p[1] for p in points], dtype=float)
+        b = float(np.polyfit(ws, ys, 1)[0])
+        if b <= 0:
+            continue
+        now = float(np.mean([y for w, y in points if w == points[-1][0]]))
+        # a noisy slope may not take a stage's cost at no workers below half the least it was seen at
+        b = min(b, (now - 0.5 * float(ys.min())) / points[-1][0])
+        if b <= 0:
+            continue
+        slope[i] = b
+        work[i] = now - b * points[-1][0]
+    return replace(costs, work=tuple(work), slope=tuple(slope))
+
+
+def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extra: int, cpus: float,
+                 demand_items: float = 0.0) -> Plan:
+    """The fewest workers per stage within ``NEAR_BEST`` of the best rate that ``budget`` workers (and
+    ``extra`` past it for waiting stages) allow (module docstring)."""
+    ks = [knobs[f"{n}.workers"] for n in costs.names]
+    lo = [k.min for k in ks]
+    hi = [max(k.min, 1 if s else k.max) for k, s in zip(ks, costs.sequential, strict=True)]
+    alloc = list(lo)
+    while True:
+        growable = [i for i in range(len(alloc)) if costs.work[i] > 0]
+        if not growable:
+            break
+        i = min(growable, key=lambda j: costs.stage_rate(j, alloc[j]))
+        if alloc[i] >= hi[i] or costs.stage_rate(i, alloc[i] + 1) <= costs.stage_rate(i, alloc[i]) * (1.0 + 1e-6):
+            break
+        if sum(alloc) < budget:
+            alloc[i] += 1
+        elif extra > 0 and costs.waiting[i]:
+            alloc[i] += 1
+            extra -= 1
+        else:
+            break
+    best = costs.rate(alloc, cpus)
+    goal = NEAR_BEST * best
+    if demand_items > 0:
+        goal = min(goal, DEMAND_HEADROOM * demand_items)
+    lean = [max(lo[i], min(alloc[i], math.ceil(costs.workers_for(i, goal) - 1e-9) if math.isfinite(costs.workers_for(i, goal)) else alloc[i]))
+            if costs.work[i] > 0 else lo[i] for i in range(len(alloc))]
+    return Plan(dict(zip(costs.names, lean, strict=True)), costs.rate(lean, cpus), cpus)
+
+
+@with_remote_placement  # remote knobs: the shared sizing rule (docs/remote_tuning.md)
+class PlannerPolicy:
+    """Plans every knob from online per-stage rate models (module docstring)."""
+
+    name = "planner"
+
+    def __init__(self) -> None:
+        self.plans = 0  # plans adopted, the start excluded
+        self.plan: Plan | None = None
+
+    def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
+        self.knobs = dict(knobs)
+        self.safety = SafetyLayer(list(self.knobs.values()), (-1, 0, 1), MEMORY_SAFE_FRACTION, TRIM_MARGIN)
+        self.floor = shuffle_floor(self.safety, observation)
+        self._start: dict[str, int] | None = start_allocation(self.knobs, self.safety, observation, "even")
+        self._window: deque[Observation] = deque(maxlen=PROFILE_TICKS)
+        self._settle = SETTLE_TICKS
+        self._last_values: list[int] | None = None
+        self.costs: StageCosts | None = None
+        self._seen: dict[str, deque[tuple[int, float]]] = {}  # stage -> (workers, cost per element) of recent fits
+        self._tried: dict[tuple[int, ...], float] = {}  # allocation -> elements/s measured there, at these CPUs
+        self.plan = None
+        self.plans = 0
+        self._target = {n: k.value for n, k in self.knobs.items()}
+
+    def step(self, observation: Observation) -> dict[str, int]:
+        obs = observation
+        values = [k.value for k in self.safety.knobs]
+        workers = [k.value for k in self.safety.knobs if k.unit == "cpu"]
+        self.safety.track(obs)
+        if self._start is not None:
+            start, self._start = self._start, None
+            self._target.update(start)
+            self._last_values = workers
+            return start
+        self._profile(obs, workers)
+        if self.plan is not None and obs.cpus != self.plan.cpus and self.costs is not None:
+            self._tried.clear()
+            self._adopt(self._new_plan(obs, self.costs), obs)
+        elif len(self._window) >= PROFILE_TICKS:
+            costs = fit_costs(list(self._window), self.knobs)
+            measured = sum(o.stages[-1].items_per_s for o in self._window) / len(self._window)
+            self._window.clear()
+            if costs is not None:
+                for name, work in zip(costs.names, costs.work, strict=True):
+                    w = self.knobs[f"{name}.workers"].value
+                    self._seen.setdefault(name, deque(maxlen=SCALING_FITS)).append((w, work))
+                costs = self.costs = with_scaling(costs, self._seen)
+                self._tried[self._allocation(costs.names)] = measured
+                self._review(obs, costs)
+        return self._request(obs, values)
+
+    # -- the model and the plan -------------------------------------------------------------------
+    def _profile(self, obs: Observation, workers: list[int]) -> None:
+        """Keep the settled ticks of the allocation in force; a change of workers starts over."""
+        if workers != self._last_values or obs.oom or obs.throughput <= 0:
+            self._window.clear()
+            self._settle = SETTLE_TICKS
+        elif self._settle > 0:
+            self._settle -= 1
+        else:
+            self._window.append(obs)
+        self._last_values = workers
+
+    def _new_plan(self, obs: Observation, costs: StageCosts) -> Plan:
+        budget = max(int(cpu_budget(obs) + 1e-9), 0)
+        extra = light_worker_room(obs.light_stages(), 0.0)
+        demand = obs.demand / costs.rows_per_item if obs.demand > 0 and costs.rows_per_item > 0 else 0.0
+        return plan_workers(costs, self.knobs, budget, extra, float(obs.cpus), demand)
+
+    def _allocation(self, names: Sequence[str]) -> tuple[int, ...]:
+        return tuple(self.knobs[f"{n}.workers"].value for n in names)
+
+    def _review(self, obs: Observation, costs: StageCosts) -> None:
+        """Re-plan on the re-fitted model; adopt the plan only where it pays (module docstring). An
+        allocation already measured at these CPUs is judged by what was measured there, not predicted:
+        a model re-fitted on noise may favour a neighbour that was just measured no better."""
+        new = self._new_plan(obs, costs)
+        current = self._allocation(costs.names)
+        now = costs.rate(current, float(obs.cpus))
+        fewer = sum(new.workers.values()) < sum(current) and new.theta >= now
+        planned = tuple(new.workers[n] for n in costs.names)
+        if planned in self._tried and current in self._tried:
+            pays = self._tried[planned] >= (1.0 + GAIN) * self._tried[current]
+            fewer = fewer and self._tried[planned] >= self._tried[current]
+        else:
+            pays = new.theta >= (1.0 + GAIN) * now
+        if self.plan is None or pays or fewer:
+            self._adopt(new, obs)
+        else:
+            self.plan = Plan(dict(zip(costs.names, current, strict=True)), now, float(obs.cpus))
+
+    def _adopt(self, plan: Plan, obs: Observation) -> None:
+        self.plan = plan
+        self.plans += 1
+        for stage, workers in plan.workers.items():
+            self._target[f"{stage}.workers"] = workers
+        self._plan_buffers(obs)
+
+    def _plan_buffers(self, obs: Observation) -> None:
+        """Prefetch from the rate gap; the shuffle window as the user set it; other buffers hold."""
+        assert self.plan is not None and self.costs is not None
+        if obs.demand > 0 and self.costs.rows_per_item > 0:
+            demand = obs.demand / self.costs.rows_per_item
+        elif obs.step_time_s > 0:
+            demand = 1.0 / obs.step_time_s
+        else:
+            demand = 0.0
+        depth = max(MIN_PREFETCH_ELEMENTS, prefetch_elements(self.plan.theta, demand))
+        kinds = obs.kinds()
+        for k, lowest in zip(self.safety.knobs, self.floor.tolist(), strict=True):
+            if k.unit != "mb":
+                continue
+            if kinds.get(k.stage) == "prefetch":
+                size = self.costs.item_bytes.get(k.stage) or self.costs.item_bytes.get(self.costs.names[-1], 0.0)
+                if size > 0:
+                    self._target[k.name] = k.clamp(math.ceil(depth * size / MB))
+            elif kinds.get(k.stage) == "shuffle":
+                self._target[k.name] = k.clamp(max(int(lowest), self._target[k.name]))
+
+    def _request(self, obs: Observation, values: list[int]) -> dict[str, int]:
+        """The target, as far as the safety layer admits it this tick."""
+        target = [self._target[k.name] for k in self.safety.knobs]
+        need = {}
+        if self.plan is not None and self.costs is not None:
+            for n, w in self.plan.workers.items():
+                i = self.costs.names.index(n)
+                need[f"{n}.workers"] = self.costs.stage_rate(i, w) if self.costs.work[i] > 0 else math.inf
+        index = {k.name: i for i, k in enumerate(self.safety.knobs)}
+        priority = [index[n] for n in sorted(need, key=need.__getitem__)]
+        admitted = self.safety.admit(obs, values, target, priority, self.floor)
+        for k, v, w in zip(self.safety.knobs, values, admitted.tolist(), strict=True):
+            if k.unit == "mb" and w < v:  # a buffer the memory cut stays cut: the plan follows the limit
+                self._target[k.name] = min(self._target[k.name], int(w))
+        return {k.name: int(w) for k, v, w in zip(self.safety.knobs, values, admitted.tolist(), strict=True) if w != v}
+
+    # -- resume -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The plan in force and the memory estimates: a restart resumes driving to the same plan."""
+        out: dict[str, Any] = {"safety": self.safety.state_dict(), "plans": self.plans}
+        if self.plan is not None:
+            out["plan"] = {"workers": dict(self.plan.workers), "theta": self.plan.theta, "cpus": self.plan.cpus}
+        out["target"] = dict(self._target)
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.safety.load_state_dict(state["safety"])
+        self.plans = int(state.get("plans", 0))
+        plan = state.get("plan")
+        if plan is not None:
+            self.plan = Plan({str(k): int(v) for k, v in plan["workers"].items()}, float(plan["theta"]), float(plan["cpus"]))
+        self._target.update({str(k): int(v) for k, v in state.get("target", {}).items() if k in self._target})
+        self._start = None
+
+
+__all__ = ["PROFILE_TICKS", "Plan", "PlannerPolicy", "StageCosts", "fit_costs", "plan_workers"]

@@ -1,0 +1,189 @@
+"""The planner: costs read from the observations, plans that match hand computations, jumps the safety
+layer admits, a re-plan at a resize, and no change on noise alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from _knobs import dict_knobs, kind_of
+from intune.monitor.observation import Observation, StageObservation
+from intune.policies import make
+from intune.policies.planner import GAIN, StageCosts, fit_costs, plan_workers, with_scaling
+from intune.policies.safety import PROBE_WORKER_BYTES, SafetyLayer
+from intune.sim import Simulator, constant_schedule, run_episode, stepped_schedule
+from intune.sim.spec import spec_from_dict
+
+MB = 1 << 20
+SPEC = {
+    "read.workers": ("cpu", 1, 32, 1),
+    "udf.workers": ("cpu", 1, 32, 1),
+    "prefetch.workers": ("cpu", 1, 32, 1),
+    "prefetch.buffer_mb": ("mb", 1, 4096, 1),
+}
+
+
+def _stage(name, cpu, wall=None, workers=1, items=100.0, worker_bytes=0.0):
+    return StageObservation(
+        name=name, workers=workers, buffer_mb=0, items_per_s=items, rows_per_s=items * 1000,
+        cpu_s_per_item=cpu, wall_s_per_item=cpu if wall is None else wall, bytes_per_item=4 * MB, busy=1.0,
+        kind=kind_of(name), starved=0.0, blocked=0.0, queue_fill=0.0, buffered_bytes=0.0,
+        worker_bytes=worker_bytes,
+    )
+
+
+def _obs(stages, cpus=8.0, used=1e9, limit=64e9, oom=False):
+    return Observation(tick=0, dt_s=1.0, throughput=1e5, step_time_s=0.0, cpus=cpus, memory_used_bytes=used,
+                       memory_limit_bytes=limit, stages=tuple(stages), oom=oom)
+
+
+def test_costs_are_cpu_plus_own_wait_with_the_contention_taken_out():
+    knobs, _ = dict_knobs(SPEC)
+    # udf computes only; its wall time is 1.5x its CPU time: the CPUs are shared 1.5 ways. read's wall
+    # 0.03 s holds 1.5 x 0.01 s of stretched CPU time, so 0.015 s is its own wait.
+    window = [_obs([_stage("read", 0.01, wall=0.03), _stage("udf", 0.05, wall=0.075), _stage("prefetch", 0.002, wall=0.003)])] * 4
+    costs = fit_costs(window, knobs)
+    assert costs.names == ("read", "udf", "prefetch")
+    assert costs.cpu_work == pytest.approx((0.01, 0.05, 0.002))
+    assert costs.work == pytest.approx((0.025, 0.05, 0.002))
+    assert costs.waiting == (True, False, False)  # read waits 0.015 s per element against 0.01 s of CPU
+    assert costs.rows_per_item == pytest.approx(1000.0)
+
+
+def test_plan_by_hand_fewest_workers_within_two_percent():
+    knobs, _ = dict_knobs(SPEC)
+    costs = StageCosts(("read", "udf", "prefetch"), (0.01, 0.05, 0.002), (0.01, 0.05, 0.002), (False,) * 3, (False,) * 3, 1000.0)
+    # 8 workers; greedy to the slowest: read 2 / udf 5 / prefetch 1 -> min(200, 100, 500) = 100/s; the CPU cap
+    # 8 / 0.062 = 129/s. Fewest workers for 98/s: read ceil(0.98) = 1, udf ceil(4.9) = 5, prefetch 1.
+    plan = plan_workers(costs, knobs, budget=8, extra=0, cpus=8.0)
+    assert plan.workers == {"read": 1, "udf": 5, "prefetch": 1}
+    assert plan.theta == pytest.approx(100.0)
+    # a consumer taking 40 elements/s: 44/s with the headroom is enough, udf ceil(2.2) = 3
+    plan = plan_workers(costs, knobs, budget=8, extra=0, cpus=8.0, demand_items=40.0)
+    assert plan.workers == {"read": 1, "udf": 3, "prefetch": 1}
+
+
+def test_the_cpu_cap_keeps_workers_off_a_saturated_machine():
+    knobs, _ = dict_knobs(SPEC)
+    # 1 s of CPU per element in all on 2 CPUs: 2/s at most, whatever the 16 workers could carry
+    costs = StageCosts(("read", "udf", "prefetch"), (0.5, 0.4, 0.1), (0.5, 0.4, 0.1), (False,) * 3, (False,) * 3, 1.0)
+    plan = plan_workers(costs, knobs, budget=16, extra=0, cpus=2.0)
+    assert plan.theta == pytest.approx(2.0)
+    assert plan.workers == {"read": 1, "udf": 1, "prefetch": 1}  # ceil(0.98 x 2 x 0.5) = 1 each
+
+
+def test_a_stage_that_stops_scaling_is_planned_at_its_ceiling():
+    knobs, _ = dict_knobs(SPEC)
+    base = StageCosts(("read", "udf", "prefetch"), (0.01, 0.05, 0.002), (0.01, 0.05, 0.002), (False,) * 3, (False,) * 3, 1.0)
+    # udf's seconds per element grow by 0.01 with each worker: 0.05 + 0.01 w, seen at 1, 2 and 4 workers
+    seen = {"udf": [(1, 0.06), (2, 0.07), (4, 0.09)]}
+    costs = with_scaling(base, seen)
+    assert costs.slope[1] == pytest.approx(0.01) and costs.work[1] == pytest.approx(0.05)
+    assert costs.stage_rate(1, 4) == pytest.approx(4 / 0.09)
+    plan = plan_workers(costs, knobs, budget=30, extra=0, cpus=30.0)
+    # its rate w / (0.05 + 0.01 w) never reaches 100/s: the best of 28 workers is 28 / 0.33 = 84.8/s, and
+    # 98% of it (83.2/s) takes 83.2 x 0.05 / (1 - 83.2 x 0.01) = 24.7, so 25 of them
+    assert plan.workers["udf"] == 25
+    assert costs.stage_rate(1, 25) == pytest.approx(plan.theta)
+    # a stage seen at one worker count only keeps its cost
+    assert with_scaling(base, {"udf": [(2, 0.07), (2, 0.07), (2, 0.07)]}).slope == (0.0, 0.0, 0.0)
+
+
+def _safety():
+    knobs, store = dict_knobs(SPEC)
+    return SafetyLayer(list(knobs.values()), (-1, 0, 1)), knobs, store
+
+
+def test_admit_prices_each_added_worker_from_its_measured_memory():
+    safety, knobs, _ = _safety()
+    stages = [_stage("read", 0.01, worker_bytes=100 * MB), _stage("udf", 0.05, worker_bytes=400 * MB), _stage("prefetch", 0.002)]
+    # 0.85 x 10 GB - 7 GB used = 1.5 GB of room: udf's workers at 1.25 x 400 MB = 500 MB fit three times
+    obs = _obs(stages, used=7e9, limit=10e9)
+    safety.track(obs)
+    out = safety.admit(obs, [1, 1, 1, 1], [1, 9, 1, 1], priority=[1])
+    assert out.tolist()[1] == 1 + math.floor((0.85 * 10e9 - 7e9) / (1.25 * 400 * MB))
+    # after an OOM nothing grows, and cuts still pass
+    obs = _obs(stages, used=7e9, limit=10e9, oom=True)
+    safety.track(obs)
+    assert safety.admit(obs, [4, 4, 1, 1], [9, 1, 9, 1], priority=[0, 2]).tolist() == [4, 1, 1, 1]
+
+
+def test_admit_grows_co_bottlenecks_together_and_probes_one_unmeasured_worker_a_tick():
+    safety, _, _ = _safety()
+    measured = [_stage("read", 0.01, worker_bytes=80 * MB), _stage("udf", 0.05, worker_bytes=80 * MB), _stage("prefetch", 0.002)]
+    # each worker priced 1.25 x 80 MB = 100 MB; 500 MB of room (and the 1 MB buffer's): five workers, taken
+    # in turn by the two co-bottlenecks, read first
+    obs = _obs(measured, used=0.85 * 10e9 - 500 * MB - 2 * MB, limit=10e9)
+    safety.track(obs)
+    assert safety.admit(obs, [1, 1, 1, 1], [9, 9, 1, 1], priority=[0, 1]).tolist() == [4, 3, 1, 1]
+    # no reading and no history: a worker's price is the memory outside the buffers over the workers (an
+    # upper bound); where that does not fit, one worker a tick may go at its probe
+    safety, _, _ = _safety()
+    unmeasured = [_stage("read", 0.01), _stage("udf", 0.05), _stage("prefetch", 0.002)]
+    obs = _obs(unmeasured, used=0.85 * 10e9 - 2 * PROBE_WORKER_BYTES - 2 * MB, limit=10e9)
+    safety.track(obs)
+    assert safety.admit(obs, [1, 1, 1, 1], [5, 5, 1, 1], priority=[0, 1]).tolist() == [2, 1, 1, 1]
+
+
+def test_a_buffer_the_memory_cuts_is_cut_whatever_the_target():
+    safety, _, _ = _safety()
+    stages = [_stage("read", 0.01), _stage("udf", 0.05), _stage("prefetch", 0.002)]
+    obs = _obs(stages, used=5e9, limit=10e9)  # a 4 GB prefetch buffer full would take 9.2 GB
+    safety.track(obs)
+    out = safety.admit(obs, [1, 1, 1, 4096], [1, 1, 1, 4096], priority=[])
+    assert out[3] < 4096 and out[3] == safety.trim(obs, [1, 1, 1, 4096])[3]
+
+
+TWO_STAGES = {
+    "name": "two-stages",
+    "batch_size": 1024,
+    "chunk_rows": 1024,
+    "bytes_per_row": 256,
+    "machine": {"cpus": 8, "memory_limit_gb": 64, "host_memory_gb": 256, "base_memory_gb": 2},
+    "consumer": {"model_latency_s": 0.0},
+    "stages": [
+        {"name": "read", "kind": "read", "cpu_us_per_row": 5.0, "io_us_per_row": 15.0},
+        {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 20.0},
+        {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 0.5, "max_workers": 1, "buffer": {"min": 8, "max": 1024, "default": 64}},
+    ],
+}
+
+
+def test_re_plans_at_once_when_the_cpus_change():
+    spec = spec_from_dict(TWO_STAGES)
+    sim = Simulator(spec, cpus=stepped_schedule((8, 4), 30), seed=0)
+    policy = make("planner")
+    r = run_episode(sim, policy, 60)
+    udf = r.knobs["udf.workers"]
+    assert policy.plans >= 2
+    assert udf[29] > 4 and udf[31] <= 4  # the tick after the resize already plans for 4 CPUs
+    assert not r.oom.any()
+
+
+def test_holds_its_plan_on_noise_alone():
+    spec = spec_from_dict(TWO_STAGES)
+    sim = Simulator(spec, cpus=constant_schedule(8, 120), seed=3)
+    r = run_episode(sim, make("planner"), 120)
+    for name, values in r.knobs.items():
+        if not name.endswith(".workers"):
+            continue
+        steps = np.diff(np.asarray(values[30:]))
+        moves = np.sign(steps[steps != 0])
+        reversals = int(np.sum(moves[1:] != moves[:-1])) if len(moves) > 1 else 0
+        assert reversals <= 2, (name, values[30:])
+    assert GAIN > 0
+
+
+def test_state_dict_round_trip_keeps_the_plan():
+    spec = spec_from_dict(TWO_STAGES)
+    sim = Simulator(spec, cpus=constant_schedule(8, 30), seed=0)
+    policy = make("planner")
+    run_episode(sim, policy, 30)
+    state = policy.state_dict()
+    again = make("planner")
+    knobs = sim.knobs
+    again.reset(knobs, sim.reset(0))
+    again.load_state_dict(state)
+    assert again.plan.workers == policy.plan.workers and again.plans == policy.plans
