@@ -41,15 +41,19 @@ def _obs(stages, cpus=8.0, used=1e9, limit=64e9, oom=False):
 
 def test_costs_are_cpu_plus_own_wait_with_the_contention_taken_out():
     knobs, _ = dict_knobs(SPEC)
-    # udf computes only; its wall time is 1.5x its CPU time: the CPUs are shared 1.5 ways. read's wall
-    # 0.03 s holds 1.5 x 0.01 s of stretched CPU time, so 0.015 s is its own wait.
-    window = [_obs([_stage("read", 0.01, wall=0.03), _stage("udf", 0.05, wall=0.075), _stage("prefetch", 0.002, wall=0.003)])] * 4
+    # 6.2 of 6 CPUs in use: saturated. udf computes only; its wall time is 1.5x its CPU time: the CPUs are
+    # shared 1.5 ways. read's wall 0.03 s holds 1.5 x 0.01 s of stretched CPU time, so 0.015 s is its own wait.
+    stages = [_stage("read", 0.01, wall=0.03), _stage("udf", 0.05, wall=0.075), _stage("prefetch", 0.002, wall=0.003)]
+    window = [_obs(stages, cpus=6.0)] * 4
     costs = fit_costs(window, knobs)
     assert costs.names == ("read", "udf", "prefetch")
     assert costs.cpu_work == pytest.approx((0.01, 0.05, 0.002))
     assert costs.work == pytest.approx((0.025, 0.05, 0.002))
     assert costs.waiting == (True, False, False)  # read waits 0.015 s per element against 0.01 s of CPU
     assert costs.rows_per_item == pytest.approx(1000.0)
+    # on 16 CPUs nothing is descheduled: every stage's wall time beyond its CPU time is its own wait
+    costs = fit_costs([_obs(stages, cpus=16.0)] * 4, knobs)
+    assert costs.work == pytest.approx((0.03, 0.075, 0.003))
 
 
 def test_plan_by_hand_fewest_workers_within_two_percent():
@@ -187,3 +191,13 @@ def test_state_dict_round_trip_keeps_the_plan():
     again.reset(knobs, sim.reset(0))
     again.load_state_dict(state)
     assert again.plan.workers == policy.plan.workers and again.plans == policy.plans
+
+
+def test_a_stage_that_barely_runs_does_not_measure_the_contention():
+    knobs, _ = dict_knobs(SPEC)
+    # udf: 2 cores of CPU at twice its CPU time (oversubscribed); prefetch: 0.005 cores, wall = CPU (timer
+    # noise). The contention is udf's 2, not prefetch's 1: udf does not wait, more workers would not help it
+    window = [_obs([_stage("read", 0.01, wall=0.02), _stage("udf", 0.02, wall=0.04), _stage("prefetch", 0.00005)], cpus=3.0)] * 4
+    costs = fit_costs(window, knobs)
+    assert costs.work[1] == pytest.approx(0.02)
+    assert costs.waiting == (False, False, False)

@@ -42,7 +42,7 @@ from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
 from intune.policies.base import cpu_budget, light_worker_room
 from intune.policies.remote_sizing import with_remote_placement
 from intune.policies.safety import TRIM_MARGIN, SafetyLayer, shuffle_floor, start_allocation
-from intune.policies.stage_costs import StageProfile, is_sequential, prefetch_elements, profile_of
+from intune.policies.stage_costs import StageProfile, prefetch_elements, profile_of
 from intune.units import MB
 
 PROFILE_TICKS = 4  # settled ticks at one allocation that one fit of the costs reads
@@ -51,6 +51,8 @@ NEAR_BEST = 0.98  # allocations predicted within this share of the best rate com
 GAIN = 0.05  # what a new plan must predict above the allocation in force to replace it
 DEMAND_HEADROOM = 1.1  # rate planned above a known consumer demand, for its jitter
 MIN_PREFETCH_ELEMENTS = 2
+SATURATED = 0.9  # share of the CPUs the stages must use for their workers to be descheduled
+CONTENTION_MIN_CORES = 0.1  # CPU a stage must use for its wall/CPU ratio to measure the contention
 SCALING_FITS = 8  # recent fits per stage that its scaling (cost per element over its workers) is fitted on
 
 
@@ -61,7 +63,7 @@ class StageCosts:
     names: tuple[str, ...]
     work: tuple[float, ...]  # a worker's seconds per delivered element on a CPU of its own: CPU plus its own wait
     cpu_work: tuple[float, ...]  # CPU seconds per delivered element
-    sequential: tuple[bool, ...]
+    sequential: tuple[bool, ...]  # one worker at most (the knob's bound); a stage whose workers take turns shows in ``slope``
     waiting: tuple[bool, ...]  # waits more than it computes: may take the light worker past the CPUs
     rows_per_item: float
     item_bytes: dict[str, float] = field(default_factory=dict)  # mean bytes of a stage's element
@@ -99,11 +101,22 @@ class Plan:
     cpus: float
 
 
-def contention(profiles: Iterable[StageProfile]) -> float:
-    """How much longer than its CPU time a computing worker's busy time is now: the smallest ratio of
-    busy wall time to CPU time over the stages (the stage that waits least is all CPU), at least 1.
-    Oversubscribed CPUs stretch every worker's wall time by it; what is left is the stage's own wait."""
-    ratios = [p.wall_s / p.cpu_s for p in profiles if p.cpu_s > 0 and p.wall_s > 0]
+def contention(profiles: Iterable[StageProfile], cpus: float) -> float:
+    """How much longer than its CPU time a computing worker's busy time is now, because the CPUs are
+    shared: 1 unless the stages use at least ``SATURATED`` of ``cpus``; then the smallest ratio of busy
+    wall time to CPU time over the stages that use at least ``CONTENTION_MIN_CORES`` (the stage that
+    waits least is all CPU), at least 1. What is left of a stage's wall time is its own wait.
+
+    A stage that barely runs is left out: its few microseconds of CPU and wall time are timer noise,
+    and a ratio of 1 read there would turn every other stage's descheduled time into a wait that more
+    workers could fill. On CPUs to spare nothing is descheduled: a wall time longer than the CPU time is
+    the stage's own (storage, a lock, memory bandwidth)."""
+    profiles = [p for p in profiles if p.time_s > 0]
+    used = sum(p.cpu_s / p.time_s for p in profiles)
+    if cpus <= 0 or used < SATURATED * cpus:
+        return 1.0
+    ratios = [p.wall_s / p.cpu_s for p in profiles
+              if p.cpu_s > 0 and p.wall_s > 0 and p.cpu_s / p.time_s >= CONTENTION_MIN_CORES]
     return max(1.0, min(ratios, default=1.0))
 
 
@@ -116,17 +129,16 @@ def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob]) -> Stage
         return None
     names = [s.name for s in window[-1].stages if f"{s.name}.workers" in knobs]
     profiles = {n: prof[n] for n in names if n in prof}
-    squeeze = contention(profiles.values())
+    squeeze = contention(profiles.values(), window[-1].cpus)
     work, cpu_work, seq, waiting = [], [], [], []
     for n in names:
         p = profiles.get(n)
         knob = knobs[f"{n}.workers"]
-        s = p is not None and is_sequential(knob, p)
         cpu = p.cpu_s / root_items if p else 0.0
         wait = max(0.0, p.wall_s - squeeze * p.cpu_s) / root_items if p else 0.0
         cpu_work.append(cpu)
         work.append(cpu + wait)
-        seq.append(s or knob.max <= 1)
+        seq.append(knob.max <= 1)
         waiting.append(wait > cpu)
     rows = sum(o.stages[-1].rows_per_s * o.dt_s for o in window)
     item_bytes = {n: p.bytes / p.items for n, p in prof.items() if p.items > 0}
@@ -160,12 +172,14 @@ def with_scaling(costs: StageCosts, seen: Mapping[str, Sequence[tuple[int, float
 
 
 def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extra: int, cpus: float,
-                 demand_items: float = 0.0) -> Plan:
+                 demand_items: float = 0.0, reach: Mapping[str, int] | None = None) -> Plan:
     """The fewest workers per stage within ``NEAR_BEST`` of the best rate that ``budget`` workers (and
     ``extra`` past it for waiting stages) allow (module docstring)."""
     ks = [knobs[f"{n}.workers"] for n in costs.names]
     lo = [k.min for k in ks]
     hi = [max(k.min, 1 if s else k.max) for k, s in zip(ks, costs.sequential, strict=True)]
+    if reach is not None:
+        hi = [max(lo[i], min(hi[i], reach.get(n, hi[i]))) for i, n in enumerate(costs.names)]
     alloc = list(lo)
     while True:
         growable = [i for i in range(len(alloc)) if costs.work[i] > 0]
@@ -258,7 +272,9 @@ class PlannerPolicy:
         budget = max(int(cpu_budget(obs) + 1e-9), 0)
         extra = light_worker_room(obs.light_stages(), 0.0)
         demand = obs.demand / costs.rows_per_item if obs.demand > 0 and costs.rows_per_item > 0 else 0.0
-        return plan_workers(costs, self.knobs, budget, extra, float(obs.cpus), demand)
+        reach = {n: 2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1
+                 for n in costs.names}
+        return plan_workers(costs, self.knobs, budget, extra, float(obs.cpus), demand, reach)
 
     def _allocation(self, names: Sequence[str]) -> tuple[int, ...]:
         return tuple(self.knobs[f"{n}.workers"].value for n in names)
