@@ -201,3 +201,47 @@ def test_a_stage_that_barely_runs_does_not_measure_the_contention():
     costs = fit_costs(window, knobs)
     assert costs.work[1] == pytest.approx(0.02)
     assert costs.waiting == (False, False, False)
+
+
+class _TriesAWorseMove:
+    """The planner, with one move tried on top once it has settled: a worker off the bottleneck."""
+
+    name = "planner-tries"
+
+    def __init__(self):
+        self.planner = make("planner")
+        self.tried_at = None
+
+    def reset(self, knobs, observation):
+        self.planner.reset(knobs, observation)
+
+    def step(self, observation):
+        request = self.planner.step(observation)
+        if self.tried_at is None and observation.tick >= 30 and self.planner.settled():
+            self.before = dict(self.planner.plan.workers)
+            self.tried_at = observation.tick
+            self.planner.try_move("udf.workers", self.before["udf"] - 2)
+            return self.planner.request(observation, [k.value for k in self.planner.safety.knobs])
+        return request
+
+
+def test_a_tried_move_that_measures_worse_is_undone():
+    spec = spec_from_dict(TWO_STAGES)
+    sim = Simulator(spec, cpus=constant_schedule(8, 90), seed=0)
+    policy = _TriesAWorseMove()
+    r = run_episode(sim, policy, 90)
+    t = policy.tried_at
+    assert t is not None
+    udf = r.knobs["udf.workers"]
+    assert udf[t] == policy.before["udf"] - 2  # tried for one fit
+    assert udf[-1] == policy.before["udf"]  # measured worse: the plan came back
+    assert policy.planner.probes_kept == 0
+
+
+def test_planner_with_agent_tries_the_networks_moves_and_never_ooms():
+    spec = spec_from_dict(TWO_STAGES)
+    sim = Simulator(spec, cpus=stepped_schedule((8, 4, 8), 60), seed=0)
+    policy = make("planner+agent")
+    r = run_episode(sim, policy, 180)
+    assert not r.oom.any()
+    assert policy.probes >= 1 and policy.probes_kept <= policy.probes

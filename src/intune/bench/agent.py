@@ -43,6 +43,7 @@ OOM_SEED = 20_231_118  # the tight-memory episodes' generator
 POLICIES = (
     "intune",
     "planner",
+    "planner+agent",
     "steer",
     "intune+steer",
     "oracle",
@@ -346,7 +347,7 @@ def _by_spec(
 
 def is_agent(name: str) -> bool:
     """intune, its ablation rows, intune+steer and the planner: the policies compared with autotune and steer."""
-    return name in ("intune", "planner") or name.startswith("intune-") or name.startswith("intune+")
+    return name in ("intune", "planner", "planner+agent") or name.startswith("intune-") or name.startswith("intune+")
 
 
 def summarize(

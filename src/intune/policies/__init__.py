@@ -22,6 +22,7 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "intune": ("intune.agent.policy", "IntunePolicy", {}),
     "steer": ("intune.policies.steer", "SteerPolicy", {}),
     "planner": ("intune.policies.planner", "PlannerPolicy", {}),
+    "planner+agent": ("intune.agent.planned", "PlannerWithAgent", {}),
     "intune+steer": ("intune.agent.policy", "network_with_rules", {}),
     "oracle": ("intune.sim.oracle", "OraclePolicy", {}),
 }

@@ -225,6 +225,8 @@ class PlannerPolicy:
         self.costs: StageCosts | None = None
         self._seen: dict[str, deque[tuple[int, float]]] = {}  # stage -> (workers, cost per element) of recent fits
         self._tried: dict[tuple[int, ...], float] = {}  # allocation -> elements/s measured there, at these CPUs
+        self._probe: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (allocation before, allocation tried)
+        self.probes_kept = 0
         self.plan = None
         self.plans = 0
         self._target = {n: k.value for n, k in self.knobs.items()}
@@ -242,6 +244,7 @@ class PlannerPolicy:
         self._profile(obs, workers)
         if self.plan is not None and obs.cpus != self.plan.cpus and self.costs is not None:
             self._tried.clear()
+            self._probe = None
             self._adopt(self._new_plan(obs, self.costs), obs)
         elif len(self._window) >= PROFILE_TICKS:
             costs = fit_costs(list(self._window), self.knobs)
@@ -254,7 +257,7 @@ class PlannerPolicy:
                 costs = self.costs = with_scaling(costs, self._seen)
                 self._tried[self._allocation(costs.names)] = measured
                 self._review(obs, costs)
-        return self._request(obs, values)
+        return self.request(obs, values)
 
     # -- the model and the plan -------------------------------------------------------------------
     def _profile(self, obs: Observation, workers: list[int]) -> None:
@@ -283,8 +286,10 @@ class PlannerPolicy:
         """Re-plan on the re-fitted model; adopt the plan only where it pays (module docstring). An
         allocation already measured at these CPUs is judged by what was measured there, not predicted:
         a model re-fitted on noise may favour a neighbour that was just measured no better."""
-        new = self._new_plan(obs, costs)
         current = self._allocation(costs.names)
+        if self._probe is not None and self._judge_probe(current, costs.names):
+            return
+        new = self._new_plan(obs, costs)
         now = costs.rate(current, float(obs.cpus))
         fewer = sum(new.workers.values()) < sum(current) and new.theta >= now
         planned = tuple(new.workers[n] for n in costs.names)
@@ -297,6 +302,38 @@ class PlannerPolicy:
             self._adopt(new, obs)
         else:
             self.plan = Plan(dict(zip(costs.names, current, strict=True)), now, float(obs.cpus))
+
+    # -- moves tried on top of the plan (a learning part's proposals) --------------------------------
+    def settled(self) -> bool:
+        """A plan is in force, its workers are in place and no move is being tried: a move may be tried."""
+        return (self.plan is not None and self._probe is None and self.costs is not None
+                and all(self.knobs[f"{n}.workers"].value == w for n, w in self.plan.workers.items()))
+
+    def try_move(self, knob: str, value: int) -> None:
+        """Drive ``knob`` (a ``workers`` knob) to ``value`` for one fit; the next fit keeps it only where
+        its measured rate beats the allocation before by ``GAIN``, else the plan comes back."""
+        assert self.costs is not None
+        before = self._allocation(self.costs.names)
+        self._target[knob] = value
+        tried = tuple(value if f"{n}.workers" == knob else w for n, w in zip(self.costs.names, before, strict=True))
+        self._probe = (before, tried)
+
+    def _judge_probe(self, current: tuple[int, ...], names: Sequence[str]) -> bool:
+        """After a tried move's fit: keep it or go back (``try_move``). True when it was judged."""
+        assert self._probe is not None
+        before, tried = self._probe
+        if current != tried:  # not reached yet (memory held it back) or the machine changed: drop it
+            self._probe = None
+            return False
+        self._probe = None
+        if before in self._tried and self._tried[current] >= (1.0 + GAIN) * self._tried[before]:
+            self.probes_kept += 1
+            assert self.plan is not None
+            self.plan = Plan(dict(zip(names, current, strict=True)), self.plan.theta, self.plan.cpus)
+        else:
+            for n, w in zip(names, before, strict=True):
+                self._target[f"{n}.workers"] = w
+        return True
 
     def _adopt(self, plan: Plan, obs: Observation) -> None:
         self.plan = plan
@@ -326,7 +363,7 @@ class PlannerPolicy:
             elif kinds.get(k.stage) == "shuffle":
                 self._target[k.name] = k.clamp(max(int(lowest), self._target[k.name]))
 
-    def _request(self, obs: Observation, values: list[int]) -> dict[str, int]:
+    def request(self, obs: Observation, values: list[int]) -> dict[str, int]:
         """The target, as far as the safety layer admits it this tick."""
         target = [self._target[k.name] for k in self.safety.knobs]
         need = {}
