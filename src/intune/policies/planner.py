@@ -51,6 +51,7 @@ NEAR_BEST = 0.98  # allocations predicted within this share of the best rate com
 GAIN = 0.05  # what a new plan must predict above the allocation in force to replace it
 DEMAND_HEADROOM = 1.1  # rate planned above a known consumer demand, for its jitter
 MIN_PREFETCH_ELEMENTS = 2
+STAGE_MARGIN = 1.1  # a stage left with fewer workers keeps this much capacity above the goal: rates are measured within ~10%
 SATURATED = 0.9  # share of the CPUs the stages must use for their workers to be descheduled
 CONTENTION_MIN_CORES = 0.1  # CPU a stage must use for its wall/CPU ratio to measure the contention
 SCALING_FITS = 8  # recent fits per stage that its scaling (cost per element over its workers) is fitted on
@@ -102,22 +103,25 @@ class Plan:
 
 
 def contention(profiles: Iterable[StageProfile], cpus: float) -> float:
-    """How much longer than its CPU time a computing worker's busy time is now, because the CPUs are
-    shared: 1 unless the stages use at least ``SATURATED`` of ``cpus``; then the smallest ratio of busy
-    wall time to CPU time over the stages that use at least ``CONTENTION_MIN_CORES`` (the stage that
-    waits least is all CPU), at least 1. What is left of a stage's wall time is its own wait.
+    """How much longer than its CPU time a computing worker's busy time is now, because it waits for a
+    CPU: 1 unless the CPUs are saturated, then the smallest ratio of busy wall time to CPU time over the
+    computing stages (the stage that waits least is all CPU), at least 1. What is left of a stage's
+    wall time is its own wait.
 
-    A stage that barely runs is left out: its few microseconds of CPU and wall time are timer noise,
-    and a ratio of 1 read there would turn every other stage's descheduled time into a wait that more
-    workers could fill. On CPUs to spare nothing is descheduled: a wall time longer than the CPU time is
-    the stage's own (storage, a lock, memory bandwidth)."""
+    Computing stages are those that use at least ``CONTENTION_MIN_CORES``: a stage that barely runs has
+    a few microseconds of CPU and wall time, timer noise, and a ratio of 1 read there would turn every
+    other stage's descheduled time into a wait that more workers could fill. The CPUs are saturated
+    when the stages use at least ``SATURATED`` of them, or when the computing stages keep more workers
+    busy than there are CPUs. Otherwise nothing is descheduled by the pipeline itself: a wall time longer
+    than the CPU time is the stage's own (storage, a lock, memory bandwidth, or another tenant's load,
+    of which more workers win a larger share)."""
     profiles = [p for p in profiles if p.time_s > 0]
+    computing = [p for p in profiles if p.cpu_s > 0 and p.wall_s > 0 and p.cpu_s / p.time_s >= CONTENTION_MIN_CORES]
     used = sum(p.cpu_s / p.time_s for p in profiles)
-    if cpus <= 0 or used < SATURATED * cpus:
+    busy = sum(p.busy_workers_s / p.time_s for p in computing)
+    if cpus <= 0 or (used < SATURATED * cpus and busy <= cpus):
         return 1.0
-    ratios = [p.wall_s / p.cpu_s for p in profiles
-              if p.cpu_s > 0 and p.wall_s > 0 and p.cpu_s / p.time_s >= CONTENTION_MIN_CORES]
-    return max(1.0, min(ratios, default=1.0))
+    return max(1.0, min((p.wall_s / p.cpu_s for p in computing), default=1.0))
 
 
 def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob]) -> StageCosts | None:
@@ -199,8 +203,10 @@ def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extr
     goal = NEAR_BEST * best
     if demand_items > 0:
         goal = min(goal, DEMAND_HEADROOM * demand_items)
-    lean = [max(lo[i], min(alloc[i], math.ceil(costs.workers_for(i, goal) - 1e-9) if math.isfinite(costs.workers_for(i, goal)) else alloc[i]))
-            if costs.work[i] > 0 else lo[i] for i in range(len(alloc))]
+    lean = []
+    for i in range(len(alloc)):
+        need = costs.workers_for(i, goal * STAGE_MARGIN) if costs.work[i] > 0 else 0.0
+        lean.append(max(lo[i], min(alloc[i], math.ceil(need - 1e-9) if math.isfinite(need) else alloc[i])))
     return Plan(dict(zip(costs.names, lean, strict=True)), costs.rate(lean, cpus), cpus)
 
 
