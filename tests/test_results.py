@@ -23,3 +23,20 @@ def test_write_json_round_trips_with_one_result_a_line(tmp_path) -> None:
 def test_write_json_with_no_results(tmp_path) -> None:
     path = write_json(tmp_path / "r.json", [])
     assert json.loads(path.read_text())["results"] == []
+
+
+def test_results_files_keep_six_significant_digits_and_every_other_value() -> None:
+    import json
+
+    import numpy as np
+
+    from intune.results import dumps_results
+
+    text = dumps_results({"machine": {"cpus": 2.0}, "results": [
+        {"rate": 123456.789, "share": np.float64(0.123456789), "xs": np.arange(3) / 3, "n": 7, "ok": True,
+         "none": None, "nested": {"t": [1.0000001, 2]}},
+    ]})
+    row = json.loads(text)["results"][0]
+    assert row == {"rate": 123457.0, "share": 0.123457, "xs": [0.0, 0.333333, 0.666667], "n": 7, "ok": True,
+                   "none": None, "nested": {"t": [1.0, 2]}}
+    assert isinstance(row["n"], int) and isinstance(row["nested"]["t"][1], int)

@@ -535,7 +535,7 @@ def markdown_report(
     command: str,
     machine: dict[str, Any],
 ) -> str:
-    """Command, date and machine; one row per policy (the README's table); the searches; every row.
+    """Command, date and machine; one row per policy (the README's table); the searches; where every row is.
 
     Takes what ``--json`` writes (results, searches, settings), so the report and the file agree.
     """
@@ -559,7 +559,11 @@ def markdown_report(
             ["Rows/s of every allocation of the grid, measured live, by the CPUs the process had."],
             search_table(searches),
         ),
-        md_report.section("Every row", rows=rows, columns=ROW_COLUMNS),
+        md_report.section(
+            "Every row",
+            [f"The {len(rows)} measured rows ({', '.join(ROW_COLUMNS)}) are in the `--json` file this command "
+             "wrote beside this page: a table of them would be most of the page."],
+        ),
     ]
     return md_report.render(command, machine, context, sections)
 
