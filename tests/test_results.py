@@ -13,7 +13,7 @@ def test_write_json_round_trips_with_one_result_a_line(tmp_path) -> None:
     rows = [{"policy": "intune", "ratio": np.float64(0.25), "ticks": [1, None]}, {"policy": "steer", "ratio": 1 / 3}]
     path = write_json(tmp_path / "sub" / "r.json", rows, settings={"seed": np.int64(7)}, notes=[])
     payload = json.loads(path.read_text())
-    assert payload["results"] == [{"policy": "intune", "ratio": 0.25, "ticks": [1, None]}, {"policy": "steer", "ratio": 1 / 3}]
+    assert payload["results"] == [{"policy": "intune", "ratio": 0.25, "ticks": [1, None]}, {"policy": "steer", "ratio": 0.333333}]
     assert payload["settings"] == {"seed": 7} and payload["notes"] == [] and "usable_cpus" in payload["machine"]
     lines = path.read_text().splitlines()
     assert [json.loads(line.rstrip(",")) for line in lines[3:5]] == payload["results"]  # a result a line
