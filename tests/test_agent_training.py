@@ -258,7 +258,7 @@ def test_validation_scores_a_network_as_the_agent_benchmark_scores_a_held_out_sp
     config = replace(config, validation_pipelines=1, imitation_remote_share=0.0, imitation_waiting_share=0.0)  # the local kind only
     (sim,) = validation_sims(config)
     assert list(sim.schedule.phases()) == list(paper_schedule(period_ticks=60).phases())
-    row, error = run_schedule_episode((sim.spec, "held-out", None, "intune", {}, 60, 0, None))  # the paper schedule
+    row, error = run_schedule_episode((sim.spec, "held-out", None, "network", {}, 60, 0, None))  # the paper schedule
     assert error is None
     assert make_evaluator(config)(q) == pytest.approx(row["optimum_ratio"], rel=1e-9)
 

@@ -26,7 +26,7 @@ from intune.policies.runner import Runner
 from intune.sim import Simulator, run_episode, spec_from_dict, workload_variant
 from intune.sim.oracle import bounds_from_knobs, fewest_remote, optimal_allocation
 
-SIZED = ("steer", "intune", "intune+steer", "plumber", "plumber-adaptive", "oracle")
+SIZED = ("steer", "network", "planner", "network+steer", "plumber", "plumber-adaptive", "oracle")
 """The policies whose objective is the trainer's need at the least remote CPUs (the shared sizing rule,
 Plumber's priced LP, the oracle); ``heuristic`` and ``autotune`` take the cluster as more CPUs."""
 
@@ -165,7 +165,7 @@ def test_heuristic_and_autotune_take_the_whole_cluster(four_x, policy):
     assert (runs["none"].knobs["udf.remote_workers"] == 0).all()
 
 
-@pytest.mark.parametrize("policy", ["steer", "intune", "intune+steer", "oracle"])
+@pytest.mark.parametrize("policy", ["steer", "network", "planner", "network+steer", "oracle"])
 def test_remote_workers_are_shed_when_the_demand_falls(policy):
     sim = Simulator(_spec(latency=_need(4.0)), seed=0)
 
@@ -190,7 +190,7 @@ def test_no_remote_workers_where_the_local_cpus_suffice(policy):
     assert (r.knobs["udf.remote_workers"] == 0).all()
 
 
-@pytest.mark.parametrize("policy", ["steer", "intune", "intune+steer", "oracle"])
+@pytest.mark.parametrize("policy", ["steer", "network", "planner", "network+steer", "oracle"])
 def test_no_remote_workers_without_a_demand_where_a_transfer_costs_20_chunks(policy):
     # a chunk computes 31 ms and travels 600 ms: a remote worker delivers 5% of a local one's rows
     sim = Simulator(_spec(lat_ms=600.0), seed=0)
@@ -199,7 +199,7 @@ def test_no_remote_workers_without_a_demand_where_a_transfer_costs_20_chunks(pol
     assert remote[20:].max() == 0 and remote.sum() <= 5 * 3  # at most one step of a probe, once
 
 
-@pytest.mark.parametrize("policy", ["steer", "intune", "intune+steer", "plumber", "oracle"])
+@pytest.mark.parametrize("policy", ["steer", "network", "planner", "network+steer", "plumber", "oracle"])
 def test_no_remote_workers_without_a_demand_behind_a_bottleneck_they_cannot_relieve(policy):
     # a pure-Python parser (GIL-bound thread stage) caps the pipeline at 1 / (1.0 * 2 us) = 500k rows/s,
     # below what the local CPUs give the cheap UDF: a remote worker adds no row
@@ -209,7 +209,7 @@ def test_no_remote_workers_without_a_demand_behind_a_bottleneck_they_cannot_reli
     assert r.knobs["udf.remote_workers"][20:].max() == 0
 
 
-@pytest.mark.parametrize("policy", ["steer", "intune+steer", "plumber", "oracle"])
+@pytest.mark.parametrize("policy", ["steer", "network+steer", "plumber", "oracle"])
 def test_without_a_demand_remote_workers_are_added_while_they_pay(policy):
     sim = Simulator(_spec(), seed=0)
     probe = Simulator(_spec(), noise=0.0)
@@ -245,14 +245,14 @@ def test_the_runner_never_grants_more_remote_workers_than_the_cluster_has():
 def test_the_network_sees_the_local_knobs_only_and_the_sizer_the_remote_one():
     sim = Simulator(_spec(latency=_need(4.0)))
     obs = Runner(sim.knobs).observe(sim.reset())
-    policy = make("intune")
+    policy = make("network")
     policy.reset(sim.knobs, obs)
     assert "udf.remote_workers" not in policy.knobs
     assert "udf.remote_workers" not in policy.chooser.builder.knob_names
     assert list(policy.remote_sizer.knobs) == ["udf.remote_workers"]
     state = policy.state_dict()
     assert set(state["remote"]) == {"rate", "rate_floor", "cpu_per_row", "local_rate"}
-    again = make("intune")
+    again = make("network")
     again.reset(sim.knobs, obs)
     again.load_state_dict(state)
     plain = Simulator("criteo")

@@ -133,7 +133,7 @@ def _weights(policy):
 
 def test_intune_agent_weights_and_measurements_carry_over(tmp_path):
     pipe = _pipeline()
-    with tune(pipe, "intune", tick_s=0.05, monitor=_monitor()) as tuner:
+    with tune(pipe, "network", tick_s=0.05, monitor=_monitor()) as tuner:
         _run_ticks(tuner, 12)
         t0 = time.perf_counter()
         state = tuner.state_dict()
@@ -144,11 +144,11 @@ def test_intune_agent_weights_and_measurements_carry_over(tmp_path):
     path = save_checkpoint(tmp_path / "tuner.ckpt", state, kind="tuner")
     print(f"tuner state (intune): {path.stat().st_size} bytes on disk, state_dict() {state_ms:.1f} ms")
     loaded = load_checkpoint(path, kind="tuner")
-    assert loaded["policy"] == "intune" and loaded["policy_state"]["replay"] is None
+    assert loaded["policy"] == "network" and loaded["policy_state"]["replay"] is None
     assert features["best_throughput"] > 0
 
     fresh = _pipeline()
-    with tune(fresh, "intune", tick_s=0.05, monitor=_monitor()) as tuner:
+    with tune(fresh, "network", tick_s=0.05, monitor=_monitor()) as tuner:
         tuner.load_state_dict(loaded)
         assert {n: k.value for n, k in fresh.knobs.items()} == saved_knobs
         _run_ticks(tuner, 1)  # the policy is reset and takes its state at the first tick
@@ -186,7 +186,7 @@ def test_intune_state_loads_exactly_into_a_reset_policy():
     from intune.agent.online_learning import OnlineLearner
 
     pipe = _pipeline()
-    with tune(pipe, "intune", tick_s=0.05, monitor=_monitor()) as tuner:
+    with tune(pipe, "network", tick_s=0.05, monitor=_monitor()) as tuner:
         _run_ticks(tuner, 6)
         with tuner._policy_lock:
             policy = tuner.policy
@@ -202,7 +202,7 @@ def test_intune_state_loads_exactly_into_a_reset_policy():
     assert state["online"] is not None and state["replay"] is not None and state["replay"]["size"] > 0
     stored = loads_checkpoint(dumps_checkpoint(state, kind="policy"), kind="policy")
 
-    with tune(_pipeline(), "intune", tick_s=0.05, monitor=_monitor()) as tuner:
+    with tune(_pipeline(), "network", tick_s=0.05, monitor=_monitor()) as tuner:
         _run_ticks(tuner, 1)
         with tuner._policy_lock:
             new = tuner.policy
@@ -251,7 +251,7 @@ def _observation(pipe, cpus=8.0):
     return observe(before, pipe.metrics(), pipe.knobs, 0, cpus, 1 << 30, 16 << 30, 8 << 30)
 
 
-@pytest.mark.parametrize("name", ["intune", "steer", "intune+steer"])
+@pytest.mark.parametrize("name", ["intune", "steer", "network+steer"])
 def test_a_loaded_policy_skips_its_warm_start(name):
     """Reset on 8 CPUs, the policy would first ask for the even split (udf.workers 4); with its state
     loaded, its first step is a decision from the restored allocation instead."""

@@ -219,7 +219,7 @@ NO_POOL_FINGERPRINTS = {
     ("criteo", "steer"): "202c56c313c22def",
     ("production", "heuristic"): "cd073dfc84f62e00",
     ("irregular-tail", "plumber"): "cfb8eddee889ce48",
-    ("criteo", "intune"): "87b38dfc5652d29d",
+    ("criteo", "network"): "87b38dfc5652d29d",
     ("production", "autotune"): "49fdb4c45f5fb228",
     ("ladder-5", "oracle"): "78726f219019dbf7",
 }

@@ -120,7 +120,7 @@ class NetworkChooser:
 class IntunePolicy:
     """The InTune agent. ``network``/``config`` override the shipped weights (used in pretraining)."""
 
-    name = "intune"
+    name = "network"
 
     def __init__(
         self,
@@ -317,7 +317,7 @@ def network_with_rules(weights: str | Path | None = None, **steer_kwargs: Any):
 
     q, config = load_weights(weights or DEFAULT_WEIGHTS)
     policy = SteerPolicy(propose=NetworkProposer(q, config), **steer_kwargs)
-    policy.name = "intune+steer"
+    policy.name = "network+steer"
     return policy
 
 

@@ -8,7 +8,7 @@ over the paper's resize schedule 32 -> 64 -> 128 -> 64 -> 32 at each ``--period`
 (``tune_workload.simulated_spec``) with the waiting specs, the regime ``intune bench tune`` runs in.
 Each (workload, policy, period) episode goes through ``intune.sim.run_episode`` and is scored against
 the phase optimum by ``intune.agent.evaluate.score_episode``: mean model throughput / mean optimum, OOM
-ticks, ticks to 95% of the optimum per phase. Then a per-policy summary, the OOMs of ``intune``, ``steer``
+ticks, ticks to 95% of the optimum per phase. Then a per-policy summary, the OOMs of ``planner``, ``network``, ``steer``
 and ``autotune`` over randomised tight-memory episodes, and each policy's decision time. Episodes run
 in a process pool of ``--jobs`` (each worker builds its own policies; the results equal ``--jobs 1``).
 A policy missing from ``intune.policies`` is skipped with a note; an episode that fails is reported and
@@ -41,18 +41,18 @@ WAITING_STREAM = 1
 waiting map stage, so that they are neither the held-out specs nor pretraining's."""
 OOM_SEED = 20_231_118  # the tight-memory episodes' generator
 POLICIES = (
-    "intune",
     "planner",
     "planner+agent",
+    "network",
     "steer",
-    "intune+steer",
+    "network+steer",
     "oracle",
     "autotune",
     "autotune-adaptive",
     "plumber-adaptive",
     "heuristic",
 )
-OOM_POLICIES = ("intune", "planner", "steer", "autotune")
+OOM_POLICIES = ("planner", "network", "steer", "autotune")
 PERIODS = (60, 150)
 SMALL_LEVELS = (2, 4, 8, 4, 2)
 """CPUs of the small machines' resize schedule: the live benchmark's machine has 2."""
@@ -112,7 +112,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=WEIGHTS",
-        help="an ablation network from `intune pretrain`, row intune-NAME (repeatable)",
+        help="an ablation network from `intune pretrain`, row network-NAME (repeatable)",
     )
     parser.add_argument(
         "--oom-episodes",
@@ -177,9 +177,9 @@ def waiting_specs(seed: int, n: int) -> list:
 
 
 def build_policy(name: str, ablations: dict[str, str]):
-    """``make(name)``, or for an ablation row ``intune-NAME`` the agent with that network."""
-    if name.startswith("intune-") and name[len("intune-") :] in ablations:
-        return make("intune", weights=ablations[name[len("intune-") :]])
+    """``make(name)``, or for an ablation row ``network-NAME`` the network policy with those weights."""
+    if name.startswith("network-") and name[len("network-") :] in ablations:
+        return make("network", weights=ablations[name[len("network-") :]])
     return make(name)
 
 
@@ -281,7 +281,7 @@ def run_pool(fn: Callable[[Any], Any], tasks: Sequence[Any], jobs: int, label: s
 
 
 def decision_time(
-    ticks: int = 300, policy: str = "intune", ablations: dict[str, str] | None = None
+    ticks: int = 300, policy: str = "planner", ablations: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Wall ms of ``policy.step`` and of the runner's clamp and apply per tick, criteo at 128 CPUs
     (the first 10 ticks left out as warm-up when there are more than 20)."""
@@ -346,8 +346,9 @@ def _by_spec(
 
 
 def is_agent(name: str) -> bool:
-    """intune, its ablation rows, intune+steer and the planner: the policies compared with autotune and steer."""
-    return name in ("intune", "planner", "planner+agent") or name.startswith("intune-") or name.startswith("intune+")
+    """The planner, the network, their combinations and ablation rows: the policies compared with autotune
+    and steer."""
+    return name.startswith(("intune", "planner", "network"))
 
 
 def summarize(
@@ -430,8 +431,8 @@ def _ratios(mine: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) 
     return [mine[w]["optimum_ratio"] / t["optimum_ratio"] for w, t in theirs.items() if w in mine and t["optimum_ratio"] > 0]
 
 
-def losses(rows: list[dict[str, Any]], periods: Sequence[int], name: str = "intune") -> list[str]:
-    """Per period, intune's wins over autotune and steer on the held-out specs, then one line per spec
+def losses(rows: list[dict[str, Any]], periods: Sequence[int], name: str = "planner") -> list[str]:
+    """Per period, the policy's wins over autotune and steer on the held-out specs, then one line per spec
     where it is below either, worst first."""
     lines = []
     for period in periods:
@@ -483,7 +484,7 @@ def _ablations(specs: list[str]) -> dict[str, str]:
     out = _ablation_paths(specs)
     for name, path in out.items():
         try:
-            make("intune", weights=path)  # fail early, naming the file
+            make("network", weights=path)  # fail early, naming the file
         except (OSError, ValueError) as e:
             raise SystemExit(f"--ablation {name}: {e}") from e
     return out
@@ -497,7 +498,7 @@ def read_files(args: argparse.Namespace) -> list[str]:
 def _available(wanted: Sequence[str], ablations: dict[str, str]) -> tuple[list[str], list[str]]:
     ok, notes = [], []
     for name in wanted:
-        if name.startswith("intune-") and name[len("intune-") :] in ablations:
+        if name.startswith("network-") and name[len("network-") :] in ablations:
             continue  # an ablation row: added below, whether listed or not
         if name not in POLICY_NAMES:
             notes.append(f"skipped {name}: not in intune.policies.POLICY_NAMES")
@@ -507,7 +508,7 @@ def _available(wanted: Sequence[str], ablations: dict[str, str]) -> tuple[list[s
             ok.append(name)
         except Exception as e:  # a policy another engineer has not finished must not stop the benchmark
             notes.append(f"skipped {name}: {type(e).__name__}: {e}")
-    return ok + [f"intune-{n}" for n in ablations], notes
+    return ok + [f"network-{n}" for n in ablations], notes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -577,9 +578,9 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(rows, policies, periods)
     _print_summary(summary)
     results: list[dict[str, Any]] = [*rows, *summary]
-    loss_lines = losses(rows, periods) if "intune" in policies else []
+    loss_lines = losses(rows, periods) if "planner" in policies else []
     if loss_lines:
-        print("\nwhere intune is below autotune or steer on held-out specs:")
+        print("\nwhere the planner is below autotune or steer on held-out specs:")
         print("\n".join(loss_lines))
 
     oom_rows: list[dict[str, Any]] = []

@@ -28,7 +28,7 @@ from intune.bench import child, md_report
 from intune.bench.real_systems import COSTS
 from intune.results import save_figure
 
-ENGINE_POLICIES = ("none", "heuristic", "autotune", "plumber", "intune")
+ENGINE_POLICIES = ("none", "heuristic", "autotune", "plumber", "intune", "network")
 QUICK = {
     "rows": 200_000,
     "job_rows": 200_000,

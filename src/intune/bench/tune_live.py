@@ -40,7 +40,7 @@ from intune.results import format_table, machine_info, write_json
 from intune.units import MB
 
 BENCHMARKS = ("convergence", "resize", "memory", "memory-floor")
-DEFAULT_POLICIES = ("intune", "heuristic", "plumber-adaptive", "autotune-adaptive")
+DEFAULT_POLICIES = ("intune", "network", "steer", "plumber-adaptive", "autotune-adaptive")
 ROW_COLUMNS = ["round", "benchmark", "policy", "metric", "value", "target", "unit", "meets"]
 
 
@@ -467,15 +467,15 @@ def _split(text: str | None, valid: Sequence[str] | None, what: str) -> list[str
 
 
 def default_policies() -> list[str]:
-    """intune when its weights load, then the baselines it is compared with."""
+    """The default policy, the network (when its weights load) and the baselines they are compared with."""
     from intune.policies import make
 
     names = list(DEFAULT_POLICIES)
     try:
-        make("intune")
+        make("network")
     except Exception as exc:  # noqa: BLE001 - missing weights or torch: compare the others
-        print(f"intune policy unavailable ({type(exc).__name__}: {exc}); comparing the others", flush=True)
-        names.remove("intune")
+        print(f"network policy unavailable ({type(exc).__name__}: {exc}); comparing the others", flush=True)
+        names.remove("network")
     return names
 
 

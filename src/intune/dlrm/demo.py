@@ -40,7 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="intune-out", help="directory for the report (default ./intune-out)")
     parser.add_argument("--rows", type=int, default=DEMO_ROWS, help="training rows of the cached data set")
     parser.add_argument(
-        "--policy", default=None, help="policy name (default: intune if available, else plumber)"
+        "--policy", default=None, help="policy name (default: intune, the default policy)"
     )
     parser.add_argument("--table-size", type=int, default=50_000, help="embedding rows per table at most")
     parser.add_argument("--batch", type=int, default=DEMO_BATCH, help=f"rows per training batch (default {DEMO_BATCH})")
@@ -48,18 +48,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def choose_policy(requested: str | None) -> tuple[str, str]:
-    """(policy name, why): ``intune`` if the agent imports and its weights load, else ``plumber``."""
+    """(policy name, why): ``intune`` (the default policy, ``intune.policies.DEFAULT_POLICY``) if it
+    builds here, else ``plumber``."""
     if requested:
         return requested, "chosen with --policy"
     try:
-        from intune.policies import make
+        from intune.policies import DEFAULT_POLICY, make
 
         make("intune")
-        return "intune", "the pretrained InTune agent"
+        return "intune", f"the default policy ({DEFAULT_POLICY})"
     except Exception as exc:  # noqa: BLE001 - any failure means: not available here
         return (
             "plumber",
-            f"the InTune agent is not available ({type(exc).__name__}: {str(exc)[:80]}); using Plumber",
+            f"the default policy is not available ({type(exc).__name__}: {str(exc)[:80]}); using Plumber",
         )
 
 

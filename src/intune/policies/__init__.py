@@ -1,5 +1,5 @@
-"""Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), steer, planner, intune,
-intune+steer, oracle.
+"""Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), steer, planner,
+planner+agent, network, network+steer, oracle; ``intune`` is the default (``DEFAULT_POLICY``).
 
 ``make(name)`` builds one by name; the classes live one per module so that each algorithm can be read
 on its own. The registry maps names to ``module:Class`` and imports lazily (the agent needs torch).
@@ -19,13 +19,18 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "autotune-adaptive": ("intune.policies.autotune", "AutotunePolicy", {"adaptive": True}),
     "plumber": ("intune.policies.plumber", "PlumberPolicy", {"adaptive": False}),
     "plumber-adaptive": ("intune.policies.plumber", "PlumberPolicy", {"adaptive": True}),
-    "intune": ("intune.agent.policy", "IntunePolicy", {}),
     "steer": ("intune.policies.steer", "SteerPolicy", {}),
     "planner": ("intune.policies.planner", "PlannerPolicy", {}),
     "planner+agent": ("intune.agent.planned", "PlannerWithAgent", {}),
-    "intune+steer": ("intune.agent.policy", "network_with_rules", {}),
+    "network": ("intune.agent.policy", "IntunePolicy", {}),
+    "network+steer": ("intune.agent.policy", "network_with_rules", {}),
     "oracle": ("intune.sim.oracle", "OraclePolicy", {}),
 }
+
+DEFAULT_POLICY = "planner"
+"""What ``intune`` (the default of ``tune``, ``intune.DataLoader`` and the demo) names: the policy that
+measures best where users run it (docs/agent.md, "Which part earns what")."""
+_REGISTRY["intune"] = _REGISTRY[DEFAULT_POLICY]
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 SIMULATOR_ONLY: tuple[str, ...] = ("oracle",)
@@ -41,5 +46,5 @@ def make(name: str, **kwargs: Any) -> Policy:
 
 
 __all__ = [
-    "ClampResult", "POLICY_NAMES", "SIMULATOR_ONLY", "Policy", "StatefulPolicy", "clamp_request", "even_split", "make",
+    "DEFAULT_POLICY", "ClampResult", "POLICY_NAMES", "SIMULATOR_ONLY", "Policy", "StatefulPolicy", "clamp_request", "even_split", "make",
 ]
