@@ -1,27 +1,29 @@
 """``planner``: moves every knob at once to the allocation that per-stage rate models, fitted online,
 predict best within the safe set.
 
-The model. Every stage's cost per delivered element is read from the ticks spent at one allocation
-(``intune.policies.stage_costs``, the profile Plumber solves on): CPU seconds for a stage that
-computes, busy wall seconds for one that waits (I/O-bound), and one worker at most for a stage whose
-workers take turns. An allocation ``a`` then delivers ``min(min_i a_i / work_i, cpus / sum_i cpu_i)``
-elements a second: the slowest stage, or the CPUs shared by every stage's work. Costs are measured at
-the allocation in force, so contention, oversubscription and a UDF that changes speed are in them; the
-model is re-fitted each time ``PROFILE_TICKS`` settled ticks have been seen at one allocation.
+The model. Every ``PROFILE_TICKS`` settled ticks at one allocation, each stage's cost per delivered
+element is read from what it did (``intune.policies.stage_costs``, the profile Plumber solves on):
+its CPU seconds, and a worker's seconds on a CPU of its own, the CPU time plus the stage's own wait
+(busy wall time less the CPU time stretched by contention, ``contention``). Each stage's cost is then
+fitted over the worker counts it was seen at (``with_scaling``): a stage whose workers take turns or
+share a resource shows a cost that grows with its workers, and is planned at its ceiling. An
+allocation ``a`` delivers ``min(min_i a_i / (work_i + slope_i a_i), cpus / sum_i cpu_i)`` elements a
+second: the slowest stage, or the CPUs shared by every stage's work.
 
 The plan. Workers are added one at a time to the slowest stage within the runner's budget
-(``cpu_budget`` workers, and the one past it that ``light_worker_room`` grants a waiting stage): exact
-for a slowest-stage rate. Among allocations within ``NEAR_BEST`` of that rate (or of the consumer's
-demand with ``DEMAND_HEADROOM``, if lower) the one with the fewest workers is taken: each stage gets
-the fewest workers that carry the rate. Buffers: the prefetch holds what the rate gap between the plan
-and the consumer calls for (``prefetch_elements``, at least ``MIN_PREFETCH_ELEMENTS`` for jitter);
-the shuffle buffer stays at the user's window (its size sets how random the order is); others hold.
+(``cpu_budget`` workers, and the one past it that ``light_worker_room`` grants a waiting stage), a stage
+at most twice (+1) the most workers it was measured at: exact for a slowest-stage rate. Then each stage
+keeps the fewest workers that carry ``NEAR_BEST`` of that rate (or the consumer's demand with
+``DEMAND_HEADROOM``, if lower) with ``STAGE_MARGIN`` to spare. Buffers: the prefetch holds what the rate
+gap between the plan and the consumer calls for (``prefetch_elements``, at least
+``MIN_PREFETCH_ELEMENTS`` for jitter); the shuffle buffer stays at the user's window (its size sets how
+random the order is); others hold.
 
 Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
-allocation in force under the same model, or no less with fewer workers: measurement noise alone never
-moves a knob (a lean plan within ``NEAR_BEST`` is taken when a plan is adopted, not as a move of its
-own, which the next fit could undo). A change of CPUs re-plans at once on the last costs (a CPU's work per element does not
-change with the CPU count) and the model is then re-fitted at the new allocation.
+allocation in force under the same model, or no less with fewer workers, and an allocation already
+measured at these CPUs is judged by its measurement: measurement noise alone never moves a knob. A
+change of CPUs re-plans at once on the last costs (a CPU's work per element does not change with the
+CPU count) and the model is then re-fitted at the new allocation.
 
 Safety is not the planner's: every jump goes through ``SafetyLayer.admit`` (memory priced from measured
 worker memory, buffers trimmed to the limit), and the runner's clamp applies the CPUs.
