@@ -147,9 +147,11 @@ class DataLoader(Generic[T_co]):
         self._iterable_len: int | None = None  # len(dataset) when len(loader) was asked (torch's warning)
         self.multiprocessing_context = multiprocessing_context
         tuned = tune is not None and not self.iterable  # an iterable's workers each read a part: held
-        start = _start_workers(num_workers, self.machine_share)
+        # an iterable dataset gets workers only when asked: each would yield it all unless it divides
+        # itself by get_worker_info(), which only its author knows (torch's default is 0 too)
+        start = 0 if self.iterable and num_workers == "auto" else _start_workers(num_workers, self.machine_share)
         context = check_context(multiprocessing_context, start)
-        if num_workers == "auto" and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
+        if num_workers == "auto" and start and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
             warnings.warn(
                 f"intune.DataLoader: num_workers='auto' loads in this process: {why}. Make them picklable "
                 "(or use the 'fork' start method) to get workers",
