@@ -104,7 +104,9 @@ class Unpicklable(Rows):
 def test_unpicklable_dataset_is_named_for_spawned_workers_and_fine_when_forked() -> None:
     """As torch's, spawned workers get the dataset pickled when they start, at iter(): it fails there
     with torch's warning and an error naming the part that cannot be pickled."""
-    with intune.DataLoader(Unpicklable(), batch_size=4, multiprocessing_context="spawn", tune=None) as spawned:
+    with intune.DataLoader(
+        Unpicklable(), batch_size=4, num_workers=2, multiprocessing_context="spawn", tune=None
+    ) as spawned:
         with pytest.warns(UserWarning, match="Got pickle error when attempting to start a worker Process"):
             with pytest.raises(
                 DatasetPickleError, match="the dataset test_dataloader_errors.Unpicklable cannot be pickled"
