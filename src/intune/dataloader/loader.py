@@ -642,6 +642,8 @@ def _worker_range(num_workers: int | str, start: int, max_workers: int | None, t
     silently: it raises the default ceiling, is the floor of a tuner's range, and only an explicit
     ``max_workers`` below it caps it, with a warning; more workers than CPUs warn as torch warns."""
     ceiling = max_workers if max_workers is not None else max(default_max_workers(), start)
+    if start > ceiling and num_workers == "auto":
+        start = ceiling  # the CPUs' share, within the bound the caller set
     if start > ceiling:
         warnings.warn(
             f"intune.DataLoader: num_workers={start} is above max_workers={ceiling}: the loader is capped at "
