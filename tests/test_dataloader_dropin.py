@@ -422,3 +422,22 @@ def test_auto_workers_that_could_not_get_the_dataset_load_in_this_process() -> N
             assert loader.num_workers == 0 and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
     finally:
         multiprocessing.set_start_method(before, force=True)
+
+
+class Counting(IterableDataset):
+    """Rows 0..n-1, whatever worker reads it (it does not divide itself)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def test_an_iterable_dataset_gets_workers_only_when_asked() -> None:
+    """The default num_workers='auto' reads an iterable dataset in this process, as torch's default: a
+    dataset that does not divide itself by worker would otherwise come once per worker."""
+    with intune.DataLoader(Counting(20), batch_size=None) as loader:
+        assert loader.num_workers == 0 and list(loader) == list(range(20))
+    with intune.DataLoader(Counting(20), batch_size=None, num_workers=2, tune=None) as loader:
+        assert sorted(loader) == sorted(list(range(20)) * 2)  # asked for: torch's behaviour

@@ -57,7 +57,9 @@ class Dispatch:
         self._per_worker = max(1, per_worker)
         self._stop = stop
         self._out = out
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # the dispatcher's (room for a batch, with in_order=False)
+        self._ready: dict[int, threading.Condition] = {}  # each worker's: a batch queued for it, or the end
         self._queues: dict[int, deque[Queued]] = {}
         self._held: dict[int, int] = {}  # taken from its queue by the worker, not yet delivered
         self._cursor = 0  # the next worker in the cycle
@@ -87,7 +89,7 @@ class Dispatch:
         finally:
             with self._cond:
                 self._ended = True
-                self._cond.notify_all()
+                self._wake_all()
         out.finish(inp.handed_out)
 
     def _give(self, got: Queued) -> None:
@@ -97,12 +99,12 @@ class Dispatch:
                 worker = self._choose(got[0])
                 if worker is not None:
                     self._queues.setdefault(worker, deque()).append(got)
-                    self._cond.notify_all()
+                    self._worker_ready(worker).notify()
                     return
                 if self._all_left(got[0]):
                     self._out.put_at(got[0], [])  # no worker has anything left: an empty entry
                     return
-                self._wait(0.2)  # in_order=False: every worker holds prefetch_factor batches
+                self._wait(self._cond, 0.2)  # in_order=False: every worker holds prefetch_factor batches
 
     def _choose(self, seq: int) -> int | None:
         """The next worker of the cycle that may take batch ``seq`` (torch's ``_try_put_index``)."""
@@ -149,20 +151,21 @@ class Dispatch:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                self._wait(left)
+                self._wait(self._worker_ready(worker), left)
 
     def delivered(self, worker: int) -> None:
         """``worker`` delivered one batch it had taken (room for another with ``in_order=False``)."""
         with self._cond:
             self._held[worker] -= 1
-            self._cond.notify_all()
+            if not self._in_order:
+                self._cond.notify()
 
     def exhausted(self, worker: int, seq: int) -> None:
         """``worker`` answered request ``seq`` that its iterator has ended (it answers so to the requests
         queued for it too): it leaves the cycle a window later."""
         with self._cond:
             self._exhausted_at[worker] = min(seq, self._exhausted_at.get(worker, seq))
-            self._cond.notify_all()
+            self._cond.notify()
 
     def rebalance(self) -> None:
         """After a resize: the queues of retired workers go to the active ones."""
@@ -179,7 +182,7 @@ class Dispatch:
             queue.append(got)
             if len(queue) > 1 and queue[-2][0] > got[0]:
                 self._queues[worker] = deque(sorted(queue, key=lambda g: g[0]))
-        self._cond.notify_all()
+        self._wake_all()
 
     def _choose_any(self) -> int:
         worker = self._cursor % self._target()
@@ -198,10 +201,21 @@ class Dispatch:
 
     def wake(self) -> None:
         with self._cond:
-            self._cond.notify_all()
+            self._wake_all()
 
-    def _wait(self, timeout: float) -> None:
-        self._cond.wait(min(timeout, 0.2))
+    def _worker_ready(self, worker: int) -> threading.Condition:
+        ready = self._ready.get(worker)
+        if ready is None:
+            ready = self._ready[worker] = threading.Condition(self._lock)
+        return ready
+
+    def _wake_all(self) -> None:
+        self._cond.notify_all()
+        for ready in self._ready.values():
+            ready.notify_all()
+
+    def _wait(self, condition: threading.Condition, timeout: float) -> None:
+        condition.wait(min(timeout, 0.2))
         if self._stop.is_set():
             raise Stopped
 

@@ -178,9 +178,11 @@ class DataLoader(Generic[T_co]):
         self._iterable_len: int | None = None  # len(dataset) when len(loader) was asked (torch's warning)
         self.multiprocessing_context = multiprocessing_context
         tuned = tune is not None and not self.iterable  # an iterable's workers each read a part: held
-        start = _start_workers(num_workers, self.machine_share)
+        # an iterable dataset gets workers only when asked: each would yield it all unless it divides
+        # itself by get_worker_info(), which only its author knows (torch's default is 0 too)
+        start = 0 if self.iterable and num_workers == "auto" else _start_workers(num_workers, self.machine_share)
         context = check_context(multiprocessing_context, start)
-        if num_workers == "auto" and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
+        if num_workers == "auto" and start and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
             warnings.warn(
                 f"intune.DataLoader: num_workers='auto' loads in this process: {why}. Make them picklable "
                 "(or use the 'fork' start method) to get workers",
@@ -809,6 +811,8 @@ def _worker_range(num_workers: int | str, start: int, max_workers: int | None, t
     silently: it raises the default ceiling, is the floor of a tuner's range, and only an explicit
     ``max_workers`` below it caps it, with a warning; more workers than CPUs warn as torch warns."""
     ceiling = max_workers if max_workers is not None else max(default_max_workers(), start)
+    if start > ceiling and num_workers == "auto":
+        start = ceiling  # the CPUs' share, within the bound the caller set
     if start > ceiling:
         warnings.warn(
             f"intune.DataLoader: num_workers={start} is above max_workers={ceiling}: the loader is capped at "
