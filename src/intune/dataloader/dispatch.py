@@ -18,8 +18,10 @@ the window lets the next one go, so which worker gets which request, and so the 
 depend on the data only, as under torch (whose main thread learns of the end in order too). Once every
 worker has left, the epoch ends. A dead child is
 replaced and its batches sent again (a map-style batch is the same whoever fetches it), except for an
-iterable dataset, whose worker's place in its iterator cannot be rebuilt: that fails the epoch. It
-must not know what the workers compute (``fetch``, ``shards``).
+iterable dataset, whose worker's place in its iterator cannot be rebuilt: that fails the epoch. A
+resumed iterable epoch starts its cycle at a given worker, and adds a worker's opening columns (its
+place in its part) to the first request it sends. It must not know what the workers compute
+(``fetch``, ``shards``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
@@ -50,6 +52,7 @@ class Dispatch:
         per_worker: int,
         stop: threading.Event,
         out: Channel,
+        first: int = 0,
     ) -> None:
         self._target = target
         self._window = window
@@ -62,7 +65,7 @@ class Dispatch:
         self._ready: dict[int, threading.Condition] = {}  # each worker's: a batch queued for it, or the end
         self._queues: dict[int, deque[Queued]] = {}
         self._held: dict[int, int] = {}  # taken from its queue by the worker, not yet delivered
-        self._cursor = 0  # the next worker in the cycle
+        self._cursor = first  # the next worker in the cycle (a resumed epoch's: after the last delivered)
         self._ended = False  # nothing more will be queued
         self._exhausted_at: dict[int, int] = {}  # worker -> the first request it answered EXHAUSTED
         self._next = 0  # the sequence number of the next batch taken from the input
@@ -242,9 +245,11 @@ class LoaderPoolRun(ProcessPoolRun):
         exhausted_key: str,
         replaceable: bool,
         dataset_name: str,
+        opening: Callable[[int], Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__(name, target, worker_for, handling, out, out, stats, fail, stop)
         self._dispatch = dispatch
+        self._opening = opening
         self._exhausted_key = exhausted_key
         self._replaceable = replaceable
         self._dataset_name = dataset_name
@@ -269,6 +274,7 @@ class LoaderPoolRun(ProcessPoolRun):
         pending: deque[Queued] = deque()
         dispatch, handling = self._dispatch, self._handling
         worker: Any = None
+        opening = self._opening
         clock = time.perf_counter
         try:
             worker = self._worker_for(index)
@@ -284,7 +290,10 @@ class LoaderPoolRun(ProcessPoolRun):
                     if got is END:
                         ended = True
                         break
-                    worker.submit(got[1].chunk)
+                    chunk = got[1].chunk
+                    if opening is not None:  # this worker's first request of a resumed epoch
+                        chunk, opening = {**chunk, **opening(index)}, None
+                    worker.submit(chunk)
                     pending.append(got)
                     stats.held_bytes += got[1].nbytes
                 if not pending:

@@ -57,7 +57,7 @@ from intune.dataloader.sampling import (
     draw_seed,
     is_iterable_dataset,
 )
-from intune.dataloader.shards import ShardFetcher, ShardRequests
+from intune.dataloader.shards import SHARD, ShardFetcher, ShardProgress, ShardRequests
 from intune.dataloader.stage import FetchStage
 from intune.dataloader.stream import StreamSource
 from intune.dataloader.transport import SPEC, decode
@@ -245,7 +245,9 @@ class DataLoader(Generic[T_co]):
         if self.iterable:
             source: IndexSource | ShardRequests = ShardRequests("requests", name, plan.batch_size or 1)
             self._requests = source
-            fetcher: Fetcher = ShardFetcher(self.dataset, self.collate_fn, plan.batch_size, plan.drop_last, name)
+            fetcher: Fetcher = ShardFetcher(
+                self.dataset, self.collate_fn, plan.batch_size, plan.drop_last, name, self.snapshot_every_n_steps
+            )
         else:
             source = self._source = IndexSource("sampler", name, plan.auto_collation)
             fetcher = Fetcher(
@@ -368,6 +370,8 @@ class DataLoader(Generic[T_co]):
         record = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
         if self.iterable and self.num_workers > 0:
             self._requests.begin(epoch, shared)  # each worker calls iter() on its own copy
+            record.shards = ShardProgress(self.num_workers)
+            self.pipeline.stage("fetch").resume_shards(0, None)  # no resume left over from a failed iter()
         elif self.iterable:
             if shared is not None:
                 seed_datapipe(self.dataset, shared)  # read in this process: seeded here
@@ -399,7 +403,7 @@ class DataLoader(Generic[T_co]):
 
     def _in_process_state(self) -> bool:
         """A map-style dataset with its own state, fetched in this process: its state is part of the
-        loader's (with workers each worker has its own copy, seeded per batch instead)."""
+        loader's (with workers each worker has its own copy, whose state is not taken)."""
         return not self.iterable and self._fetch_mode == "in-process" and dataset_state.is_stateful(self.dataset)
 
     def _resume_from(self, pending: _Pending) -> None:
@@ -431,6 +435,8 @@ class DataLoader(Generic[T_co]):
         """The loaded epoch again, from its start state, with its delivered batches skipped unfetched
         (map-style) or its dataset restored to the last snapshot delivered (iterable)."""
         with replaying(self.generator, resumed.generator):
+            # the draws of the epoch's start again, in _begin's order: a datapipe's shared seed first
+            shared = draw_seed(self.generator) if self.iterable and is_datapipe(self.dataset) else None
             if resumed.seed_drawn and draw_seed(self.generator) != resumed.seed:
                 raise ResumeMismatchError(
                     "intune.DataLoader: cannot resume: the saved generator state does not give the epoch's "
@@ -445,8 +451,10 @@ class DataLoader(Generic[T_co]):
         # after the replay, whose borrowed global generator is given back: a dataset's own state may set it
         count = resumed.delivered.count
         if self.iterable and self.num_workers > 0:
-            self._resume_shards(resumed)
+            self._resume_shards(resumed, shared)
         elif self.iterable:
+            if shared is not None:
+                seed_datapipe(self.dataset, shared)  # the shuffle of the epoch being resumed
             self._claim_dataset()
             iterator = dataset_state.restore(self.dataset, resumed.snapshot)
             self._register_reader(iterator)
@@ -457,17 +465,20 @@ class DataLoader(Generic[T_co]):
         # the batches delivered before the checkpoint, and those delivered from now on, in one record
         self._epoch = resumed
 
-    def _resume_shards(self, resumed: _Epoch) -> None:
-        """An iterable dataset read by workers: each worker's place in its own iterator is not in the
-        state, so only an epoch with nothing delivered yet can be resumed (it starts over)."""
-        if resumed.delivered.count:
+    def _resume_shards(self, resumed: _Epoch, shared: int | None) -> None:
+        """An iterable dataset read by workers: each worker restores its part from its own snapshot and
+        count of delivered batches (``shards``), and the cycle starts after the last worker delivered.
+        The parts are the workers' ``get_worker_info()`` views, so the worker count must be the saved one."""
+        progress = resumed.shards if resumed.shards is not None else ShardProgress(self.num_workers)
+        if progress.workers != self.num_workers:
             raise ResumeMismatchError(
-                f"intune.DataLoader: cannot resume iterable dataset {dataset_name(self.dataset)} in the middle of "
-                f"an epoch ({resumed.delivered.count} batches delivered) with {self.num_workers} worker processes: "
-                "where each worker was in its own iterator is not saved. Resume from a state taken between "
-                "epochs, or read the dataset with num_workers=0"
+                f"intune.DataLoader: cannot resume iterable dataset {dataset_name(self.dataset)}: "
+                f"num_workers: saved {progress.workers}, now {self.num_workers} (each worker reads its own "
+                "part, chosen by get_worker_info(), so the parts differ with another count)"
             )
-        self._requests.begin(resumed.epoch, None)
+        resumed.shards = progress
+        self.pipeline.stage("fetch").resume_shards(progress.first_worker(), progress.columns)
+        self._requests.begin(resumed.epoch, shared)
 
     def _samplers(self) -> dict[str, Any]:
         return {"sampler": self._plan.sampler, "batch_sampler": self._plan.batch_sampler}
@@ -560,6 +571,11 @@ class DataLoader(Generic[T_co]):
         if number is None or epoch is not self._epoch:
             return
         number = int(number[0]) if isinstance(number, np.ndarray) else int(number)
+        if epoch.shards is not None:  # a worker's batch: counted by worker; the requests' numbers have gaps
+            if SHARD in chunk:
+                epoch.shards.add(chunk)
+            epoch.delivered.add(epoch.delivered.count, None)
+            return
         digest = None if self.iterable else self._source.digests.pop(number, None)
         snapshot = chunk.get(DATASET_STATE)
         if snapshot is not None and (epoch.snapshot is None or snapshot.batches >= epoch.snapshot.batches):
@@ -676,12 +692,14 @@ class _Epoch:
         sampler_states: dict[str, Any],
         delivered: Delivered | None = None,
         snapshot: Snapshot | None = None,
+        shards: ShardProgress | None = None,
     ) -> None:
         self.epoch, self.seed, self.seed_drawn = epoch, seed, seed_drawn
         self.generator = generator
         self.sampler_states = sampler_states
         self.delivered = delivered or Delivered()
         self.snapshot = snapshot
+        self.shards = shards  # an iterable dataset read by workers: each worker's part (``shards``)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -692,6 +710,7 @@ class _Epoch:
             "sampler_states": copy.deepcopy(self.sampler_states),
             "delivered": self.delivered.state(),
             "dataset": None if self.snapshot is None else self.snapshot.state(),
+            "shards": None if self.shards is None else self.shards.state(),
         }
 
     @classmethod
@@ -699,6 +718,7 @@ class _Epoch:
         try:
             generator = state["generator"]
             snapshot = state["dataset"]
+            shards = state.get("shards")
             return cls(
                 int(state["epoch"]),
                 int(state["seed"]),
@@ -707,6 +727,7 @@ class _Epoch:
                 dict(state["sampler_states"]),
                 Delivered.from_state(state["delivered"]),
                 None if snapshot is None else Snapshot.from_state(snapshot),
+                None if shards is None else ShardProgress.from_state(shards),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ResumeMismatchError):

@@ -79,6 +79,7 @@ class FetchStage(MapStage):
         if shards:
             knob.min = knob.max = workers  # each worker reads its part: their number holds for the loader
         self._key = id(self)
+        self._resumed: tuple[int, Callable[[int], dict[str, np.ndarray]]] | None = None
         if mode == "process":
             INHERITED[self._key] = (fetcher, worker_init_fn)
 
@@ -94,8 +95,10 @@ class FetchStage(MapStage):
         out = epoch.channel(f"{self.name}.out", ordered=epoch.deterministic, window=self.window)
         self._out = out
         label = f"{epoch.label}-{self.name}"
+        resumed, self._resumed = self._resumed, None
+        first, opening = resumed if resumed is not None else (0, None)
         dispatch = Dispatch(
-            self._get_workers, self.window, epoch.deterministic, self.prefetch_factor, epoch.stop, out
+            self._get_workers, self.window, epoch.deterministic, self.prefetch_factor, epoch.stop, out, first=first
         )
 
         def lost(item: Item, exc: BaseException) -> BaseException:
@@ -117,6 +120,7 @@ class FetchStage(MapStage):
             exhausted_key=EXHAUSTED,
             replaceable=not self.shards,
             dataset_name=self.fetcher.dataset_name,
+            opening=opening,
         )
         # as torch's iterator, start the workers here, on the caller's thread: a failed start raises from
         # iter(), and so does a worker_init_fn that raises (with its own class, before any batch is sent,
@@ -139,6 +143,12 @@ class FetchStage(MapStage):
         epoch.spawn(lambda: dispatch.run(inp), f"{self.name}-dispatch")
         run.start()
         return out
+
+    def resume_shards(self, first: int, opening: Callable[[int], dict[str, np.ndarray]] | None) -> None:
+        """The next epoch continues an iterable dataset's epoch: its cycle starts at worker ``first``,
+        and each worker's first request carries ``opening(worker)`` (its place in its part, ``shards``);
+        ``opening`` None: the next epoch starts afresh."""
+        self._resumed = None if opening is None else (first, opening)
 
     def new_process_worker(self, index: int, label: str) -> ProcessWorker:
         method, context = self._launch
