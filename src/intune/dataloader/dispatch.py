@@ -6,7 +6,9 @@ and queues each for one worker, as torch's loader puts each index into one worke
 ``in_order`` the next worker in the cycle (batch ``k`` of ``n`` workers goes to worker ``k % n``),
 else the next one in the cycle holding fewer than ``prefetch_factor`` batches. ``LoaderPoolRun`` is
 each worker's thread: it sends its own queue's batches to its child process (two in flight), in
-order, and delivers the results under their input's sequence number.
+order, and delivers the results under their input's sequence number (the engine's
+``ProcessPoolRun`` handles each outcome; this module adds only the intake, an iterable's end and
+which deaths are final).
 
 Exactly once: a batch is in one place at a time (the input, one worker's queue, one child, the
 output), and each worker works through its queue oldest first, so the oldest batch not yet released
@@ -33,10 +35,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
-from intune.pipeline.errors import StageError, WorkerLostError
-from intune.pipeline.pool import ChunkHandling, ProcessPoolRun
-from intune.pipeline.procworker import SLOTS, ChunkTimeout, RemoteError, WorkerDied, WorkerInitError
-from intune.pipeline.stats import StageStats
+from intune.pipeline.errors import WorkerLostError
+from intune.pipeline.pool import ChildSlot, ChunkHandling, ProcessPoolRun
+from intune.pipeline.procworker import SLOTS, WorkerDied
+from intune.pipeline.stats import StageStats, WorkerStats
 
 Queued = tuple[int, Item]  # (sequence number in the input's order, the batch)
 
@@ -250,6 +252,7 @@ class LoaderPoolRun(ProcessPoolRun):
         super().__init__(name, target, worker_for, handling, out, out, stats, fail, stop)
         self._dispatch = dispatch
         self._opening = opening
+        self._opened: set[int] = set()  # the workers that were sent their opening columns
         self._exhausted_key = exhausted_key
         self._replaceable = replaceable
         self._dataset_name = dataset_name
@@ -269,88 +272,54 @@ class LoaderPoolRun(ProcessPoolRun):
                 self._cond.wait(0.2)
             return self._dispatch.finished()
 
-    def _run(self, index: int) -> None:
-        stats = self._stats.worker(index)
+    def _loop(self, index: int, stats: WorkerStats, child: ChildSlot) -> None:
+        """Take this worker's own queued batches while fewer than ``SLOTS`` are in flight, then collect
+        the oldest (``ProcessPoolRun._collect_oldest``); park while retired; end with the dispatch."""
         pending: deque[Queued] = deque()
-        dispatch, handling = self._dispatch, self._handling
-        worker: Any = None
-        opening = self._opening
+        dispatch = self._dispatch
         clock = time.perf_counter
-        try:
-            worker = self._worker_for(index)
-            worker.ensure_started()
-            while not self._stop.is_set():
-                retired = index >= self._target()
-                ended = False
-                t0 = clock()
-                while not retired and len(pending) < SLOTS:
-                    got = dispatch.take(index, 0.0 if pending else 0.2)
-                    if got is None:
-                        break
-                    if got is END:
-                        ended = True
-                        break
-                    chunk = got[1].chunk
-                    if opening is not None:  # this worker's first request of a resumed epoch
-                        chunk, opening = {**chunk, **opening(index)}, None
-                    worker.submit(chunk)
-                    pending.append(got)
-                    stats.held_bytes += got[1].nbytes
-                if not pending:
-                    stats.starved_s += clock() - t0
-                    if ended or (retired and self._park(index)):
-                        return
-                    continue
-                seq, item = pending[0]
-                t1 = clock()
-                if stats.work_item is not item:
-                    stats.work_item, stats.work_since = item, t1
-                try:
-                    result, cpu = worker.collect(self._stop, handling.timeout_s)
-                    stats.cpu_s += cpu
-                    if self._exhausted_key in result:
-                        dispatch.exhausted(index, seq)
-                        results: list[Item] = []
-                    else:
-                        results = handling.deliver(result, item, stats)
-                except RemoteError as exc:
-                    results = handling.failed(item, stats, exc)
-                except ChunkTimeout:  # the hung child is gone
-                    results = handling.timed_out(item, stats)
-                    worker.drop_oldest()
-                    worker.restart()
-                except WorkerInitError as exc:  # every batch would fail alike: no retry
-                    raise StageError(self.name, "the worker's start", str(exc), exc.remote_traceback) from exc
-                except WorkerDied as exc:
-                    stats.restarts += 1
-                    if self._stop.is_set():
-                        raise Stopped from None
-                    if not self._replaceable:
-                        raise WorkerLostError(
-                            f"DataLoader worker {index} exited unexpectedly ({exc}) while reading its part of "
-                            f"iterable dataset {self._dataset_name}: where its iterator was is lost with it, "
-                            "so the epoch cannot go on without losing or repeating rows"
-                        ) from None
-                    if worker.oldest_deaths() >= handling.max_attempts:
-                        raise handling.lost(item, exc) from None
-                    worker.restart()
-                    continue
-                pending.popleft()
-                dispatch.delivered(index)
-                stats.work_since, stats.work_item = 0.0, None
-                stats.held_bytes -= item.nbytes
-                stats.busy_s += clock() - t1
-                stats.items += len(results)
-                for r in results:
-                    stats.rows += r.rows
-                    stats.bytes_out += r.nbytes
-                self._out.put_at(seq, results)
-        except Stopped:
-            return
-        except BaseException as exc:  # noqa: BLE001 - reported to the consumer
-            self._fail(exc)
-        finally:
-            stats.held_bytes = 0
-            stats.work_since, stats.work_item = 0.0, None
-            if worker is not None and worker.in_flight:
-                worker.kill()  # batches abandoned by a stopped epoch must not reach the next one
+        child.worker = self._worker_for(index)
+        child.worker.ensure_started()
+        while not self._stop.is_set():
+            retired = index >= self._target()
+            ended = False
+            t0 = clock()
+            while not retired and len(pending) < SLOTS:
+                got = dispatch.take(index, 0.0 if pending else 0.2)
+                if got is None:
+                    break
+                if got is END:
+                    ended = True
+                    break
+                self._submit(index, child, got, pending, stats)
+            if not pending:
+                stats.starved_s += clock() - t0
+                if ended or (retired and self._park(index)):
+                    return
+                continue
+            self._collect_oldest(index, child.worker, pending, stats)
+
+    def _chunk(self, index: int, got: Queued) -> dict:
+        chunk = got[1].chunk
+        if self._opening is None or index in self._opened:
+            return chunk
+        self._opened.add(index)  # this worker's first request of a resumed epoch: its place in its part
+        return {**chunk, **self._opening(index)}
+
+    def _outcome(self, index: int, seq: int, item: Item, result: dict, stats: WorkerStats) -> list[Item]:
+        if self._exhausted_key in result:
+            self._dispatch.exhausted(index, seq)
+            return []
+        return super()._outcome(index, seq, item, result, stats)
+
+    def _lost(self, index: int, worker: Any, item: Item, exc: WorkerDied) -> None:
+        if not self._replaceable:
+            raise WorkerLostError(
+                f"DataLoader worker {index} exited unexpectedly ({exc}) while reading its part of "
+                f"iterable dataset {self._dataset_name}: where its iterator was is lost with it, "
+                "so the epoch cannot go on without losing or repeating rows"
+            ) from None
+        super()._lost(index, worker, item, exc)
+
+    def _collected(self, index: int) -> None:
+        self._dispatch.delivered(index)
