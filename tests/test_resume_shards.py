@@ -145,9 +145,9 @@ def test_snapshot_every_n_steps_reads_again_only_the_batches_since_each_workers_
         before = _rows(_take(iter(first), 7))
         state = first.state_dict()
     # each worker's snapshot is from its last batch delivered whose count is a multiple of 3 (or its start)
-    shards = state["epoch"]["shards"]
-    assert shards["delivered"] == [2, 3, 2] and shards["last"] == 1
-    assert [s["batches"] for s in shards["snapshots"]] == [0, 3, 0]
+    workers = state["epoch"]["workers"]
+    assert [w["delivered"] for w in workers["workers"]] == [2, 3, 2] and workers["last"] == 1
+    assert [w["snapshot"]["batches"] for w in workers["workers"]] == [0, 3, 0]
     log = str(tmp_path / "b.log")
     with _loader(StatefulSharded(SIZES, log), snapshot_every_n_steps=every) as resumed:
         resumed.load_state_dict(state)

@@ -21,9 +21,9 @@ depend on the data only, as under torch (whose main thread learns of the end in 
 worker has left, the epoch ends. A dead child is
 replaced and its batches sent again (a map-style batch is the same whoever fetches it), except for an
 iterable dataset, whose worker's place in its iterator cannot be rebuilt: that fails the epoch. A
-resumed iterable epoch starts its cycle at a given worker, and adds a worker's opening columns (its
-place in its part) to the first request it sends. It must not know what the workers compute
-(``fetch``, ``shards``).
+resumed epoch starts its cycle at a given worker. With an ``Opener``, each worker is sent the epoch's
+opening before its first batch, and its answer handed back (``worker_state``: the worker's own state,
+restored on a resume). It must not know what the workers compute (``fetch``, ``shards``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
-from intune.pipeline.errors import WorkerLostError
+from intune.pipeline.errors import StageError, WorkerLostError
 from intune.pipeline.pool import ChildSlot, ChunkHandling, ProcessPoolRun
-from intune.pipeline.procworker import SLOTS, WorkerDied
+from intune.pipeline.procworker import SLOTS, RemoteError, WorkerDied
 from intune.pipeline.stats import StageStats, WorkerStats
 
 Queued = tuple[int, Item]  # (sequence number in the input's order, the batch)
@@ -225,6 +225,17 @@ class Dispatch:
             raise Stopped
 
 
+class Opener:
+    """An epoch's opening for each worker: ``chunk(worker)`` is what it is sent, ``opened(worker,
+    answer)`` is given its answer."""
+
+    def __init__(
+        self, chunk: Callable[[int], Mapping[str, Any]], opened: Callable[[int, Mapping[str, Any]], None]
+    ) -> None:
+        self.chunk = chunk
+        self.opened = opened
+
+
 class LoaderPoolRun(ProcessPoolRun):
     """The fetch stage's workers for one epoch: each sends its own queue's batches to its child process.
 
@@ -247,12 +258,12 @@ class LoaderPoolRun(ProcessPoolRun):
         exhausted_key: str,
         replaceable: bool,
         dataset_name: str,
-        opening: Callable[[int], Mapping[str, Any]] | None = None,
+        opener: Opener | None = None,
     ) -> None:
         super().__init__(name, target, worker_for, handling, out, out, stats, fail, stop)
         self._dispatch = dispatch
-        self._opening = opening
-        self._opened: set[int] = set()  # the workers that were sent their opening columns
+        self._opener = opener
+        self._opened: set[int] = set()  # the workers that were sent the epoch's opening
         self._exhausted_key = exhausted_key
         self._replaceable = replaceable
         self._dataset_name = dataset_name
@@ -280,6 +291,7 @@ class LoaderPoolRun(ProcessPoolRun):
         clock = time.perf_counter
         child.worker = self._worker_for(index)
         child.worker.ensure_started()
+        self.open(index, child.worker)
         while not self._stop.is_set():
             retired = index >= self._target()
             ended = False
@@ -299,12 +311,27 @@ class LoaderPoolRun(ProcessPoolRun):
                 continue
             self._collect_oldest(index, child.worker, pending, stats)
 
-    def _chunk(self, index: int, got: Queued) -> dict:
-        chunk = got[1].chunk
-        if self._opening is None or index in self._opened:
-            return chunk
-        self._opened.add(index)  # this worker's first request of a resumed epoch: its place in its part
-        return {**chunk, **self._opening(index)}
+    def open(self, index: int, worker: Any) -> None:
+        """Send worker ``index`` the epoch's opening and hand its answer to the opener, once per epoch
+        (before its first batch: on the caller's thread at ``iter()``, or its own for a worker added later)."""
+        if self._opener is None or index in self._opened:
+            return
+        worker.ensure_started()
+        worker.submit(self._opener.chunk(index))
+        for attempt in range(self._handling.max_attempts):
+            try:
+                answer, _ = worker.collect(self._stop, self._handling.timeout_s)
+                break
+            except RemoteError as exc:
+                raise StageError(
+                    self.name, f"worker {index}'s opening of the epoch", str(exc), exc.remote_traceback
+                ) from exc
+            except WorkerDied:
+                if attempt + 1 == self._handling.max_attempts:
+                    raise
+                worker.restart()  # sends the opening again
+        self._opened.add(index)
+        self._opener.opened(index, answer)
 
     def _outcome(self, index: int, seq: int, item: Item, result: dict, stats: WorkerStats) -> list[Item]:
         if self._exhausted_key in result:

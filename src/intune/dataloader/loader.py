@@ -57,10 +57,11 @@ from intune.dataloader.sampling import (
     draw_seed,
     is_iterable_dataset,
 )
-from intune.dataloader.shards import SHARD, ShardFetcher, ShardProgress, ShardRequests
-from intune.dataloader.stage import FetchStage
+from intune.dataloader.shards import ShardFetcher, ShardRequests
+from intune.dataloader.stage import FetchStage, Opener
 from intune.dataloader.stream import StreamSource
 from intune.dataloader.transport import SPEC, decode
+from intune.dataloader.worker_state import WORKER, WorkerProgress
 from intune.knobs import Knob
 from intune.monitor import available_cpus
 from intune.pipeline import Pipeline
@@ -168,10 +169,14 @@ class DataLoader(Generic[T_co]):
         self.collate_fn = collate_fn
         self._pin = _pin_memory(pin_memory)
         self._epochs = 0
+        self._generation = 0  # epochs begun or resumed: a worker knows a new one by it
         self._epoch_set: int | None = None
         self._seed = _Seed()
         self._epoch: _Epoch | None = None  # the epoch in flight (None: none, or it ended)
         self._ended: Snapshot | None = None  # the dataset's state at the end of the last epoch, until the next
+        # persistent workers' progress at the end of the last epoch (their states carry over), until the next
+        self._ended_workers: WorkerProgress | None = None
+        self._catch_up: WorkerProgress | None = None  # loaded: fresh workers reach it before the next epoch
         self._pending: _Pending | None = None  # a state loaded by load_state_dict, resumed by the next iter()
         self._running: weakref.ref[_Batches] | None = None  # the last epoch's iterator
         self._closed = False
@@ -251,7 +256,13 @@ class DataLoader(Generic[T_co]):
         else:
             source = self._source = IndexSource("sampler", name, plan.auto_collation)
             fetcher = Fetcher(
-                self.dataset, self.collate_fn, plan.auto_collation, name, encode=workers > 0, snapshot=True
+                self.dataset,
+                self.collate_fn,
+                plan.auto_collation,
+                name,
+                encode=workers > 0,
+                snapshot=True,
+                snapshot_every=self.snapshot_every_n_steps,
             )
         pipe = Pipeline(source, name=source.name, deterministic=in_order, max_workers=ceiling, shard=self.shard)
         stage = FetchStage(
@@ -360,7 +371,7 @@ class DataLoader(Generic[T_co]):
         epoch = self._epoch_set if self._epoch_set is not None else self._epochs
         self._epoch_set = None
         self._epochs += 1
-        self._ended = None
+        self._ended, self._ended_workers = None, None
         start = generator_state(self.generator)  # before any draw of the epoch: what a resume replays
         # a datapipe's shared seed first, then the workers' base seed, from the same generator, as torch
         shared = draw_seed(self.generator) if self.iterable and is_datapipe(self.dataset) else None
@@ -369,9 +380,7 @@ class DataLoader(Generic[T_co]):
             self._seed.value = draw_seed(self.generator)
         record = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
         if self.iterable and self.num_workers > 0:
-            self._requests.begin(epoch, shared)  # each worker calls iter() on its own copy
-            record.shards = ShardProgress(self.num_workers)
-            self.pipeline.stage("fetch").resume_shards(0, None)  # no resume left over from a failed iter()
+            self._open_workers(record, shared)  # each worker calls iter() on its own copy
         elif self.iterable:
             if shared is not None:
                 seed_datapipe(self.dataset, shared)  # read in this process: seeded here
@@ -387,7 +396,43 @@ class DataLoader(Generic[T_co]):
             self._source.begin(self._plan.index_sampler, epoch)
             if self._in_process_state():
                 record.snapshot = dataset_state.take(self.dataset, None, 0)
+            elif self.num_workers > 0:
+                self._open_workers(record, None)
         self._epoch = record
+
+    def _per_worker(self) -> bool:
+        """Whether each worker's own state is kept (torchdata's per-worker snapshots, ``worker_state``):
+        an iterable dataset read by workers, or a map-style dataset with a state of its own fetched by them."""
+        return self.num_workers > 0 and (self.iterable or dataset_state.is_stateful(self.dataset))
+
+    def _open_workers(self, record: _Epoch, shared: int | None) -> None:
+        """The epoch's opening of each worker, at its start (``record.workers`` None) or on a resume
+        (``record.workers`` holds each worker's progress): a new generation, each worker's state and
+        place, and the worker the cycle starts with. After a resume between epochs with persistent
+        workers, each fresh worker first reaches where the saved one stood at the last epoch's end."""
+        self._generation += 1
+        generation = self._generation
+        if self.iterable:
+            self._requests.begin(record.epoch, shared, generation)
+        stage = self.pipeline.stage("fetch")
+        if not self._per_worker():
+            record.workers = None
+            stage.open_next(None)
+            return
+        if not self.iterable:
+            self._source.keep_keys = True  # a worker's batches since its snapshot are fetched again on resume
+        resumed = record.workers is not None
+        progress = record.workers if resumed else WorkerProgress(not self.iterable, self.num_workers)
+        record.workers = progress
+        previous, self._catch_up = self._catch_up, None
+        kw: dict[str, Any] = {"epoch": record.epoch, "shared_seed": shared} if self.iterable else {}
+
+        def chunk(worker: int) -> dict[str, Any]:
+            if previous is not None:
+                kw["previous"] = previous.opening(worker, generation)
+            return progress.opening(worker, generation, **kw).chunk()
+
+        stage.open_next(Opener(chunk, progress.opened), progress.first_worker(self.num_workers) if resumed else 0)
 
     def _claim_dataset(self) -> None:
         """Before ``iter(dataset)``: another loader whose epoch still reads this same dataset object, when
@@ -425,6 +470,8 @@ class DataLoader(Generic[T_co]):
                 dataset_state.restore(self.dataset, pending.ended)  # as torchdata: load, iter(), load
             elif self._in_process_state():
                 dataset_state.load_dataset(self.dataset, pending.ended)
+        if pending.ended_workers is not None and self.persistent_workers and self._per_worker():
+            self._catch_up = pending.ended_workers  # the fresh workers reach the saved ones' states first
         if pending.global_generator is not None:
             # what torch's global generator held at the checkpoint decides the next epoch's draws (its
             # seed, a RandomSampler's order) as in the uninterrupted run; it is left advanced by them
@@ -462,23 +509,27 @@ class DataLoader(Generic[T_co]):
             self._stream.begin(iterator, skip=count - done, first=count)
         elif self._in_process_state():
             dataset_state.load_dataset(self.dataset, resumed.snapshot)
+        elif self.num_workers > 0:
+            if resumed.workers is not None and not self._per_worker():
+                resumed.workers = None  # the state holds workers' states this loader's dataset does not keep
+            self._open_workers(resumed, None)
         # the batches delivered before the checkpoint, and those delivered from now on, in one record
         self._epoch = resumed
 
     def _resume_shards(self, resumed: _Epoch, shared: int | None) -> None:
         """An iterable dataset read by workers: each worker restores its part from its own snapshot and
-        count of delivered batches (``shards``), and the cycle starts after the last worker delivered.
-        The parts are the workers' ``get_worker_info()`` views, so the worker count must be the saved one."""
-        progress = resumed.shards if resumed.shards is not None else ShardProgress(self.num_workers)
-        if progress.workers != self.num_workers:
+        count of delivered batches (``worker_state``), and the cycle starts after the last worker
+        delivered. The parts are the workers' ``get_worker_info()`` views, so the worker count must be
+        the saved one."""
+        progress = resumed.workers
+        saved = progress.count if progress is not None else self.num_workers
+        if saved != self.num_workers:
             raise ResumeMismatchError(
                 f"intune.DataLoader: cannot resume iterable dataset {dataset_name(self.dataset)}: "
-                f"num_workers: saved {progress.workers}, now {self.num_workers} (each worker reads its own "
+                f"num_workers: saved {saved}, now {self.num_workers} (each worker reads its own "
                 "part, chosen by get_worker_info(), so the parts differ with another count)"
             )
-        resumed.shards = progress
-        self.pipeline.stage("fetch").resume_shards(progress.first_worker(), progress.columns)
-        self._requests.begin(resumed.epoch, shared)
+        self._open_workers(resumed, shared)
 
     def _samplers(self) -> dict[str, Any]:
         return {"sampler": self._plan.sampler, "batch_sampler": self._plan.batch_sampler}
@@ -513,8 +564,9 @@ class DataLoader(Generic[T_co]):
         the loader's seed, the generator's state now (the loader's ``generator``, else torch's global
         one), the epoch in flight (its number, seed, the generator's state at its start, the samplers'
         own ``state_dict()`` if they have one, the batches delivered and a digest of their indices, and
-        the dataset's own state: see ``dataset_state``), or between epochs the dataset's state at the
-        end of the last one (``ended``), the knob values, and the tuner's state. A state loaded and not
+        the dataset's own state: see ``dataset_state``; each worker's, ``worker_state``), or between
+        epochs the dataset's state at the end of the last one (``ended``, and persistent workers' in
+        ``ended_workers``), the knob values, and the tuner's state. A state loaded and not
         yet resumed (no ``iter()`` since) is returned as it was loaded. See docs/dataloader.md, "Resume".
         """
         if self._pending is not None:
@@ -530,6 +582,7 @@ class DataLoader(Generic[T_co]):
             "generator": encode_bytes(generator_state(self.generator)),
             "epoch": None if epoch is None else epoch.state(),
             "ended": None if epoch is not None or self._ended is None else self._ended.state(),
+            "ended_workers": None if epoch is not None or self._ended_workers is None else self._ended_workers.state(),
             "knobs": {name: knob.value for name, knob in self.knobs.items()},
             "tuner": None if self.tuner is None else json_safe(self.tuner.state_dict()),
         }
@@ -563,7 +616,11 @@ class DataLoader(Generic[T_co]):
         self._seed.value = None if state["seed"] is None else int(state["seed"])
         if pending.epoch is None and self.generator is not None:
             set_generator_state(self.generator, decode_bytes(state["generator"], "'generator'"))
-        self._epoch, self._ended, self._pending = None, None, pending
+        if self.persistent_workers and self.num_workers > 0:
+            # as torchdata's: the next iter() starts fresh workers, seeded from the state, and gives each
+            # its saved state (persistent ones would go on from where this loader's stood)
+            self.pipeline.stage("fetch").end_workers()
+        self._epoch, self._ended, self._ended_workers, self._pending = None, None, None, pending
 
     def _delivered(self, epoch: _Epoch, chunk: Mapping[str, Any]) -> None:
         """Record that ``chunk``'s batch reached the training loop (a failed batch too: its error did)."""
@@ -571,12 +628,15 @@ class DataLoader(Generic[T_co]):
         if number is None or epoch is not self._epoch:
             return
         number = int(number[0]) if isinstance(number, np.ndarray) else int(number)
-        if epoch.shards is not None:  # a worker's batch: counted by worker; the requests' numbers have gaps
-            if SHARD in chunk:
-                epoch.shards.add(chunk)
+        if self.iterable and epoch.workers is not None:  # counted per worker: the requests' numbers have gaps
+            if WORKER in chunk:
+                epoch.workers.add(chunk)
             epoch.delivered.add(epoch.delivered.count, None)
             return
         digest = None if self.iterable else self._source.digests.pop(number, None)
+        keys = None if self.iterable else self._source.keys.pop(number, None)
+        if epoch.workers is not None and WORKER in chunk:
+            epoch.workers.add(chunk, keys)
         snapshot = chunk.get(DATASET_STATE)
         if snapshot is not None and (epoch.snapshot is None or snapshot.batches >= epoch.snapshot.batches):
             epoch.snapshot = snapshot
@@ -587,7 +647,9 @@ class DataLoader(Generic[T_co]):
         (after its iterator ran out) is what the next epoch starts from."""
         if epoch is not self._epoch:
             return
-        if self.iterable:  # with workers each read its own copy: their states are not in the loader's
+        # persistent workers carry their states into the next epoch: a state between epochs holds them
+        self._ended_workers = epoch.workers if self.persistent_workers else None
+        if self.iterable:  # with workers each read its own copy: their states are in ``_ended_workers``
             self._ended = self._stream.end_snapshot if self.num_workers == 0 else None
         elif self._in_process_state():
             self._ended = dataset_state.take(self.dataset, None, epoch.delivered.count)
@@ -692,14 +754,14 @@ class _Epoch:
         sampler_states: dict[str, Any],
         delivered: Delivered | None = None,
         snapshot: Snapshot | None = None,
-        shards: ShardProgress | None = None,
+        workers: WorkerProgress | None = None,
     ) -> None:
         self.epoch, self.seed, self.seed_drawn = epoch, seed, seed_drawn
         self.generator = generator
         self.sampler_states = sampler_states
         self.delivered = delivered or Delivered()
         self.snapshot = snapshot
-        self.shards = shards  # an iterable dataset read by workers: each worker's part (``shards``)
+        self.workers = workers  # each worker's own state and progress (``worker_state``), when kept
 
     def state(self) -> dict[str, Any]:
         return {
@@ -710,7 +772,7 @@ class _Epoch:
             "sampler_states": copy.deepcopy(self.sampler_states),
             "delivered": self.delivered.state(),
             "dataset": None if self.snapshot is None else self.snapshot.state(),
-            "shards": None if self.shards is None else self.shards.state(),
+            "workers": None if self.workers is None else self.workers.state(),
         }
 
     @classmethod
@@ -718,7 +780,7 @@ class _Epoch:
         try:
             generator = state["generator"]
             snapshot = state["dataset"]
-            shards = state.get("shards")
+            workers = state.get("workers")
             return cls(
                 int(state["epoch"]),
                 int(state["seed"]),
@@ -727,7 +789,7 @@ class _Epoch:
                 dict(state["sampler_states"]),
                 Delivered.from_state(state["delivered"]),
                 None if snapshot is None else Snapshot.from_state(snapshot),
-                None if shards is None else ShardProgress.from_state(shards),
+                None if workers is None else WorkerProgress.from_state(workers),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ResumeMismatchError):
@@ -747,23 +809,27 @@ class _Pending:
         epoch: _Epoch | None,
         ended: Snapshot | None,
         global_generator: np.ndarray | None,
+        ended_workers: WorkerProgress | None = None,
     ) -> None:
         self.state = state
         self.fetch_mode = fetch_mode
         self.epoch = epoch
         self.ended = ended
         self.global_generator = global_generator
+        self.ended_workers = ended_workers
 
     @classmethod
     def from_state(cls, state: dict[str, Any], own_generator: bool) -> _Pending:
         epoch = None if state["epoch"] is None else _Epoch.from_state(state["epoch"])
         try:
             ended = None if state["ended"] is None else Snapshot.from_state(state["ended"])
+            workers = state.get("ended_workers")
+            ended_workers = None if workers is None else WorkerProgress.from_state(workers)
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeMismatchError(f"intune.DataLoader state: 'ended' is malformed ({exc!r})") from exc
         between = epoch is None and not own_generator
         generator = decode_bytes(state["generator"], "'generator'") if between else None
-        return cls(copy.deepcopy(state), str(state["fetch"]), epoch, ended, generator)
+        return cls(copy.deepcopy(state), str(state["fetch"]), epoch, ended, generator, ended_workers)
 
 
 class _Seed:

@@ -333,13 +333,9 @@ class ProcessPoolRun(PoolRun):
         """Send ``got`` to this worker's child (made now if it has none yet) and hold it in ``pending``."""
         if child.worker is None:
             child.worker = self._worker_for(index)
-        child.worker.submit(self._chunk(index, got))
+        child.worker.submit(got[1].chunk)
         pending.append(got)
         stats.held_bytes += got[1].nbytes
-
-    def _chunk(self, index: int, got: tuple[int, Item]) -> dict:
-        """What the child is sent for ``got`` (a subclass may add to it)."""
-        return got[1].chunk
 
     def _collect_oldest(
         self, index: int, worker: Any, pending: deque[tuple[int, Item]], stats: WorkerStats
