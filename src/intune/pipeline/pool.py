@@ -136,10 +136,7 @@ class PoolRun:
                 stats.cpu_s += time.thread_time() - c0
                 stats.work_since, stats.work_item = 0.0, None
                 stats.busy_s += clock() - t1
-                stats.items += len(results)
-                for r in results:
-                    stats.rows += r.rows
-                    stats.bytes_out += r.nbytes
+                count_out(stats, results)
                 self._out.put_at(seq, results)
                 stats.held_bytes = 0
         except Stopped:
@@ -154,6 +151,14 @@ class PoolRun:
         deadline = time.monotonic() + timeout
         for thread in self.threads():
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def count_out(stats: WorkerStats, results: list[Item]) -> None:
+    """A worker's delivered items, rows and bytes, in its stats."""
+    stats.items += len(results)
+    for r in results:
+        stats.rows += r.rows
+        stats.bytes_out += r.nbytes
 
 
 def any_alive(threads: list[Any]) -> bool:
@@ -374,10 +379,7 @@ class ProcessPoolRun(PoolRun):
         stats.work_since, stats.work_item = 0.0, None
         stats.held_bytes -= item.nbytes
         stats.busy_s += clock() - t1
-        stats.items += len(results)
-        for r in results:
-            stats.rows += r.rows
-            stats.bytes_out += r.nbytes
+        count_out(stats, results)
         self._out.put_at(seq, results)
         return True
 
