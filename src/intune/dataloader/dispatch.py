@@ -291,7 +291,7 @@ class LoaderPoolRun(ProcessPoolRun):
         clock = time.perf_counter
         child.worker = self._worker_for(index)
         child.worker.ensure_started()
-        self.open(index, child.worker)
+        self.open({index: child.worker})
         while not self._stop.is_set():
             retired = index >= self._target()
             ended = False
@@ -311,17 +311,24 @@ class LoaderPoolRun(ProcessPoolRun):
                 continue
             self._collect_oldest(index, child.worker, pending, stats)
 
-    def open(self, index: int, worker: Any) -> None:
-        """Send worker ``index`` the epoch's opening and hand its answer to the opener, once per epoch
-        (before its first batch: on the caller's thread at ``iter()``, or its own for a worker added later)."""
-        if self._opener is None or index in self._opened:
+    def open(self, workers: dict[int, Any]) -> None:
+        """Send each of ``workers`` (index -> worker) the epoch's opening, then hand each answer to the
+        opener, once per epoch and worker (before its first batch: on the caller's thread at ``iter()``,
+        all at once, or on its own thread for a worker added later)."""
+        if self._opener is None:
             return
-        worker.ensure_started()
-        worker.submit(self._opener.chunk(index))
+        sent = {index: worker for index, worker in workers.items() if index not in self._opened}
+        for index, worker in sent.items():
+            worker.ensure_started()
+            worker.submit(self._opener.chunk(index))
+        for index, worker in sent.items():
+            self._opener.opened(index, self._answer(index, worker))
+            self._opened.add(index)
+
+    def _answer(self, index: int, worker: Any) -> dict:
         for attempt in range(self._handling.max_attempts):
             try:
-                answer, _ = worker.collect(self._stop, self._handling.timeout_s)
-                break
+                return worker.collect(self._stop, self._handling.timeout_s)[0]
             except RemoteError as exc:
                 raise StageError(
                     self.name, f"worker {index}'s opening of the epoch", str(exc), exc.remote_traceback
@@ -330,8 +337,7 @@ class LoaderPoolRun(ProcessPoolRun):
                 if attempt + 1 == self._handling.max_attempts:
                     raise
                 worker.restart()  # sends the opening again
-        self._opened.add(index)
-        self._opener.opened(index, answer)
+        raise AssertionError("unreachable")
 
     def _outcome(self, index: int, seq: int, item: Item, result: dict, stats: WorkerStats) -> list[Item]:
         if self._exhausted_key in result:

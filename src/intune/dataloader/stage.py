@@ -138,8 +138,7 @@ class FetchStage(MapStage):
                 if error is None:
                     raise
                 raise error from exc
-        for index, worker in enumerate(workers):
-            run.open(index, worker)  # each worker's state, as the epoch opens, is in a state taken now
+        run.open(dict(enumerate(workers)))  # each worker's state as the epoch opens: in a state taken now
         self._run = run
         epoch.pools.append(run)
         epoch.spawn(lambda: dispatch.run(inp), f"{self.name}-dispatch")
