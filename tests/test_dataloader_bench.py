@@ -106,3 +106,45 @@ def test_ratios_pair_runs_of_the_same_round_and_take_torchs_best() -> None:
 def test_the_command_is_registered() -> None:
     args = build_parser().parse_args(["bench", "dataloader"])
     assert args._module == "intune.bench.dataloader"
+
+
+def test_the_iterable_rows_are_each_workers_block_once(rows: CriteoRows) -> None:
+    """``CriteoStream`` gives the same rows as ``__getitem__``, each once over the workers' blocks,
+    through torch's loader and intune's alike (so the iterable entries do the same work)."""
+    import torch
+
+    import intune
+    from intune.bench.dataloader_systems import CriteoStream
+
+    stream = CriteoStream(rows.root)
+    assert [s["label"] for s in stream] == [rows[i]["label"] for i in range(len(rows))]
+    theirs = torch.utils.data.DataLoader(stream, batch_size=32, num_workers=3)
+    with intune.DataLoader(stream, batch_size=32, num_workers=3, tune=None) as ours:
+        a = torch.cat([b["sparse"] for b in theirs])
+        b = torch.cat([b["sparse"] for b in ours])
+    assert a.shape[0] == len(rows) and torch.equal(a, b)
+
+
+def test_the_iterable_entries_pair_with_torchs_best_iterable_setting() -> None:
+    results = []
+    for r, (ours, one, two) in enumerate([(100, 60, 90), (80, 50, 70), (120, 70, 100)]):
+        results += [
+            run("intune", "intune", r, 100, 10.0),
+            run("torch", "num_workers=2", r, 90, 12.0),
+            run("intune-iterable", "num_workers=2", r, ours, 8.0),
+            run("torch-iterable", "num_workers=1", r, one, 9.0),
+            run("torch-iterable", "num_workers=2", r, two, 10.0),
+        ]
+    plan = bench.plan_entries(2.0, [1, 2], "intune", extra=False)
+    assert bench.Entry("intune-iterable", "num_workers=2") in plan
+    assert bench.Entry("torch-iterable", "num_workers=1") in plan
+    assert bench.entry_spec({}, bench.Entry("intune-iterable", "num_workers=2"))["num_workers"] == 2
+    summary = [bench.entry_summary(results, e) for e in plan if e.system != "costs"]
+    head = bench.headline(results, summary, "intune", cpus=2.0)
+    assert head["iterable_torch_best_rows_per_s"] == "num_workers=2"  # median 90 against 60
+    assert head["iterable_torch_best_epoch_s"] == "num_workers=1"  # 9 s against 10 s
+    assert head["iterable_rows_per_s_vs_torch_best"]["median"] == pytest.approx(80 / 70)  # per round: 1.11, 1.14, 1.2
+    assert head["iterable_epoch_speedup_vs_torch_best"]["median"] == pytest.approx(9 / 8)
+    names = [r["measurement"] for r in bench.target_rows(head)]
+    assert any(n.startswith("iterable dataset (get_worker_info parts): steady rows/s vs torch (num_workers=2)") for n in names)
+    assert bench.plan_entries(2.0, [1, 2], "intune", extra=False, iterable=False)[-1] == bench.Entry("torch", "num_workers=2")

@@ -361,21 +361,23 @@ def test_an_iterable_that_raises_delivers_every_batch_made_before_it(workers: in
     assert got == theirs and len(got) >= 550 // max(1, workers)
 
 
-def test_a_sharded_iterable_refuses_a_mid_epoch_resume_it_cannot_make_exact() -> None:
-    """Workers' places in their own iterators are not in the state: a mid-epoch state is refused with
-    the reason, not resumed with rows lost or repeated; a state between epochs resumes."""
-    from intune.dataloader import ResumeMismatchError
+def test_a_sharded_iterable_resumes_mid_epoch_and_between_epochs() -> None:
+    """Each worker's place in its own iterator is in the state (tests/test_resume_shards.py has the
+    cases): a mid-epoch state resumes the rest of the epoch, a state between epochs a whole one."""
+
+    def rows(batches):
+        return [(int(w), int(i)) for b in batches for w, i in zip(b[0].tolist(), b[1].tolist(), strict=True)]
 
     with intune.DataLoader(PerWorker([5, 5]), batch_size=2, num_workers=2, tune=None, worker_init_fn=remember_id) as first:
         it = iter(first)
-        next(it)
+        before = rows([next(it)])
         middle = first.state_dict()
-        list(it)
+        rest = rows(it)
         between = first.state_dict()
     with intune.DataLoader(PerWorker([5, 5]), batch_size=2, num_workers=2, tune=None, worker_init_fn=remember_id) as again:
         again.load_state_dict(middle)
-        with pytest.raises(ResumeMismatchError, match="where each worker was in its own iterator is not saved"):
-            iter(again)
+        assert rows(again) == rest
+        assert sorted(before + rest) == [(w, i) for w in range(2) for i in range(5)]
         again.load_state_dict(between)
         assert sum(len(b[0]) for b in again) == 10
 
@@ -422,3 +424,22 @@ def test_auto_workers_that_could_not_get_the_dataset_load_in_this_process() -> N
             assert loader.num_workers == 0 and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
     finally:
         multiprocessing.set_start_method(before, force=True)
+
+
+class Counting(IterableDataset):
+    """Rows 0..n-1, whatever worker reads it (it does not divide itself)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def test_an_iterable_dataset_gets_workers_only_when_asked() -> None:
+    """The default num_workers='auto' reads an iterable dataset in this process, as torch's default: a
+    dataset that does not divide itself by worker would otherwise come once per worker."""
+    with intune.DataLoader(Counting(20), batch_size=None) as loader:
+        assert loader.num_workers == 0 and list(loader) == list(range(20))
+    with intune.DataLoader(Counting(20), batch_size=None, num_workers=2, tune=None) as loader:
+        assert sorted(loader) == sorted(list(range(20)) * 2)  # asked for: torch's behaviour

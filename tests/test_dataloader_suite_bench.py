@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from intune import cli
-from intune.bench.dataloader_suite import swap
+from intune.bench.dataloader_suite import private_reads, swap
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,6 +59,30 @@ def test_swap_makes_every_dataloader_intunes_and_refuses_another_file() -> None:
     assert "tune=None" in text
     with pytest.raises(ValueError, match="not PyTorch's test_dataloader.py"):
         swap("import torch\n", "on")
+
+
+def test_private_reads_names_the_attributes_a_test_reads_that_intune_does_not_define() -> None:
+    peer = PEER + textwrap.dedent(
+        '''
+        def _target():
+            it = iter(DataLoader(Rows(), num_workers=2))
+            return [w.pid for w in it._workers]
+
+
+        class TestMore(TestSmall):
+            def setUp(self):
+                self._own = 1
+
+            def test_subprocess(self):
+                _target()
+                return self._own, DataLoader(Rows()).__len__()
+        '''
+    )
+    reads = private_reads(peer)
+    assert reads["TestSmall.test_private"] == ["_auto_collation"]
+    assert reads["TestMore.test_private"] == ["_auto_collation"], "inherited tests are read too"
+    assert reads["TestMore.test_subprocess"] == ["_workers"], "through the function it names; not self._own"
+    assert "TestSmall.test_batches" not in reads
 
 
 def test_the_report_names_what_passes_with_torch_only(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ round runs every entry once, each in its own process, the order rotated by one p
 that a drift in the shared machine's load does not always land on the same entry. The entries:
 ``intune.DataLoader`` with ``num_workers="auto"`` under the chosen policy, the same loader untuned
 (its starting allocation), torch's DataLoader at every ``num_workers`` of a sweep (persistent
-workers: its best setting), and the CPU cost of ``__getitem__`` and ``collate`` per row, from which
-the CPU bound comes. Every figure is the median and range over rounds; the ratios are per round
+workers: its best setting), the same rows as an iterable dataset that each worker divides by
+``get_worker_info()`` (``CriteoStream``) read by ``intune.DataLoader`` with ``num_workers`` = CPUs and by
+torch at every ``num_workers`` of the sweep, and the CPU cost of ``__getitem__`` and ``collate`` per
+row, from which the CPU bound comes. Every figure is the median and range over rounds; the ratios are per round
 (runs of the same round, side by side) and then their median and range. Rows for other loaders of
 the same work (``Pipeline.map_rows``, ``to_tf_dataset``) are added in ``EXTRA`` when their APIs
 exist. It must not implement a loader or a measurement (``dataloader_systems`` does).
@@ -24,12 +26,19 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from intune.bench import child, md_report
+from intune.bench.dataloader_systems import ITERABLE
 
 FULL = {"rows": 400_000, "measure_rows": 400_000, "cost_batches": 10, "timeout_s": 900}
 QUICK = {"rows": 60_000, "measure_rows": 60_000, "cost_batches": 3, "timeout_s": 300}
 """Sizes: the data set's rows (one epoch, timed from a cold start), the rows of the steady window
 (the epochs after the first, back to back), the batches over which the CPU costs are measured."""
-TARGETS = {"vs_torch_cpus": 1.2, "vs_torch_best": 1.0, "of_bound": 0.85, "pss_vs_torch_best": 1.0}
+TARGETS = {
+    "vs_torch_cpus": 1.2,
+    "vs_torch_best": 1.0,
+    "of_bound": 0.85,
+    "pss_vs_torch_best": 1.0,
+    "iterable_vs_torch_best": 1.0,
+}
 
 
 class Entry(NamedTuple):
@@ -61,6 +70,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="where the generated data set is kept")
     parser.add_argument("--extra", action="store_true", help="also run the other loaders in EXTRA")
     parser.add_argument(
+        "--no-iterable", dest="iterable", action="store_false",
+        help="leave out the iterable dataset's entries (intune and torch's sweep on CriteoStream)",
+    )
+    parser.add_argument(
         "--memory", action="store_true",
         help="also measure the copy-on-read growth of a dataset of Python strings (dataloader_memory)",
     )
@@ -68,9 +81,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-rows", type=int, default=None, help="strings in that dataset (default 4,000,000)")
 
 
-def plan_entries(cpus: float, sweep: Sequence[int], tune: str, extra: bool) -> list[Entry]:
+def plan_entries(cpus: float, sweep: Sequence[int], tune: str, extra: bool, iterable: bool = True) -> list[Entry]:
     entries = [Entry("costs", ""), Entry("intune", tune), Entry("intune", "untuned")]
     entries += [Entry("torch", f"num_workers={w}") for w in sweep]
+    if iterable:  # an iterable's workers are held (each reads its part): intune at the CPUs, torch swept
+        entries.append(Entry("intune" + ITERABLE, f"num_workers={max(1, round(cpus))}"))
+        entries += [Entry("torch" + ITERABLE, f"num_workers={w}") for w in sweep]
     if extra:
         entries += [Entry(name, "") for name in extra_entries()]
     return entries
@@ -102,7 +118,7 @@ def round_order(plan: Sequence[Entry], round_index: int) -> list[Entry]:
 
 def entry_spec(base: Mapping[str, Any], entry: Entry) -> dict[str, Any]:
     spec = {**base, "system": entry.system}
-    if entry.system == "torch":
+    if entry.system in ("torch", "torch" + ITERABLE, "intune" + ITERABLE):
         spec["num_workers"] = int(entry.setting.split("=", 1)[1])
     elif entry.system == "intune":
         spec["num_workers"] = "auto"
@@ -205,9 +221,11 @@ def paired(
     return spread(ratios)
 
 
-def best_torch(summary: Sequence[Mapping[str, Any]], key: str, highest: bool) -> Mapping[str, Any] | None:
-    """Torch's best sweep entry by the median of ``key``."""
-    swept = [s for s in summary if s["system"] == "torch" and s.get(key)]
+def best_torch(
+    summary: Sequence[Mapping[str, Any]], key: str, highest: bool, system: str = "torch"
+) -> Mapping[str, Any] | None:
+    """Torch's best sweep entry (of ``system``: ``torch``, or ``torch-iterable``) by the median of ``key``."""
+    swept = [s for s in summary if s["system"] == system and s.get(key)]
     if not swept:
         return None
     pick = max if highest else min
@@ -241,8 +259,31 @@ def headline(
         "epoch_speedup_vs_torch_best": paired(results, ours, quick_entry, "epoch_s", invert=True),
         "of_cpu_bound": of_bound,
         "pss_vs_torch_best": paired(results, ours, fast_entry, "peak_pss_mb"),
+        **iterable_ratios(results, summary, cpus),
         "cpu_bound": bound,
         "extra": extra_ratios(results, ours),
+    }
+
+
+def iterable_ratios(
+    results: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]], cpus: float
+) -> dict[str, Any]:
+    """The iterable dataset's entries: ``intune.DataLoader`` against torch at its best ``num_workers``
+    (steady rate, and epoch from cold), and against torch at the same ``num_workers``; empty without them."""
+    ours = Entry("intune" + ITERABLE, f"num_workers={max(1, round(cpus))}")
+    fast = best_torch(summary, "rows_per_s", highest=True, system="torch" + ITERABLE)
+    quick = best_torch(summary, "epoch_s", highest=False, system="torch" + ITERABLE)
+    if not _runs(results, *ours) or fast is None or quick is None:
+        return {}
+    same = Entry("torch" + ITERABLE, ours.setting)
+    return {
+        "iterable_torch_best_rows_per_s": fast["setting"],
+        "iterable_torch_best_epoch_s": quick["setting"],
+        "iterable_rows_per_s_vs_torch_best": paired(results, ours, Entry(fast["system"], fast["setting"]), "rows_per_s"),
+        "iterable_epoch_speedup_vs_torch_best": paired(
+            results, ours, Entry(quick["system"], quick["setting"]), "epoch_s", invert=True
+        ),
+        "iterable_rows_per_s_vs_torch_same": paired(results, ours, same, "rows_per_s"),
     }
 
 
@@ -278,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
     cpus = monitor.available_cpus()
     sweep = [int(w) for w in args.sweep.split(",")] if args.sweep else list(range(1, int(round(cpus)) + 3))
     data = prepare_data(size["rows"], Path(args.data_dir) if args.data_dir else cache_dir())
-    plan = plan_entries(cpus, sweep, args.tune, args.extra)
+    plan = plan_entries(cpus, sweep, args.tune, args.extra, args.iterable)
     load_before = os.getloadavg()
     print(
         f"data: {size['rows']:,} rows under {data}; {cpus:g} CPUs; {len(plan)} runs per round x {args.rounds} rounds; load {load_before[0]:.1f}"
@@ -296,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
         "sweep": sweep,
         "rounds": args.rounds,
         "quick": args.quick,
+        "iterable": args.iterable,
         "data": str(data),
     }
     load = {
@@ -420,6 +462,21 @@ def target_rows(head: Mapping[str, Any]) -> list[dict[str, str]]:
         ("steady rows/s / CPU bound", head["of_cpu_bound"], TARGETS["of_bound"], False),
         ("peak PSS / " + best + "'s", head["pss_vs_torch_best"], TARGETS["pss_vs_torch_best"], True),
     ]
+    if head.get("iterable_rows_per_s_vs_torch_best"):
+        rows += [
+            (
+                f"iterable dataset (get_worker_info parts): steady rows/s vs torch ({head['iterable_torch_best_rows_per_s']}), torch's best",
+                head["iterable_rows_per_s_vs_torch_best"],
+                TARGETS["iterable_vs_torch_best"],
+                False,
+            ),
+            (
+                f"iterable dataset: epoch from cold, speed-up vs torch ({head['iterable_torch_best_epoch_s']}), torch's best",
+                head["iterable_epoch_speedup_vs_torch_best"],
+                TARGETS["iterable_vs_torch_best"],
+                False,
+            ),
+        ]
     return [
         {
             "measurement": name,
@@ -468,6 +525,13 @@ def markdown_report(payload: Mapping[str, Any], command: str) -> str:
         "`tune=None` (its starting allocation). torch: `torch.utils.data.DataLoader` with `persistent_workers=True`, "
         f"`num_workers` swept over {config['sweep']}.",
     ]
+    if config.get("iterable"):
+        context.append(
+            "`-iterable` entries: the same rows and per-row work as an `IterableDataset` that each worker divides "
+            "by `get_worker_info()` (a contiguous block each, in file order, no shuffle), batches collated by "
+            "`default_collate`; intune.DataLoader with `num_workers` = CPUs (an iterable's workers are held: each "
+            "reads its part), torch with `persistent_workers=True` over the same sweep."
+        )
     summary = payload["summary"]
     bound = head.get("cpu_bound")
     sections = [

@@ -11,8 +11,11 @@ in a fresh pytest process from a temporary folder:
 - ``on``: every ``DataLoader`` is ``intune.DataLoader`` itself (tuned by default).
 
 It reports the counts of each run and every test that passes with torch but not with intune, with the
-first line of its failure and, for a failure that is an ``AttributeError`` on a name starting with
-``_``, the private attribute of torch's it read (which intune does not mimic). torch's test utilities
+first line of its failure and the private attributes of torch's it reads, which intune does not
+mimic: the name in an ``AttributeError`` on a name starting with ``_``, and the names starting with
+``_`` that the test's code (and the module-level functions it names, such as a subprocess's target)
+reads as attributes and that neither the peer file nor ``intune.DataLoader`` and its iterator define
+(``private_reads``, a static reading of the file). torch's test utilities
 need the ``expecttest`` package (``pip install expecttest``, or ``--path`` to a folder holding it).
 This module runs the file; it must not change intune's behaviour.
 """
@@ -20,6 +23,7 @@ This module runs the file; it must not change intune's behaviour.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -134,20 +138,71 @@ def counts(tests: dict[str, dict[str, str]]) -> dict[str, int]:
     return out
 
 
-def shortfalls(reference: dict[str, dict[str, str]], ours: dict[str, dict[str, str]]) -> list[dict[str, str]]:
-    """Tests that pass with torch and not with intune, each with why (a private attribute, or its message)."""
+def shortfalls(
+    reference: dict[str, dict[str, str]], ours: dict[str, dict[str, str]], reads: dict[str, list[str]]
+) -> list[dict[str, str]]:
+    """Tests that pass with torch and not with intune, each with its message and the private attributes
+    of torch's it reads (named by its failure, else by ``reads``, from ``private_reads``)."""
     rows = []
     for name, ref in reference.items():
         got = ours.get(name, {"outcome": "missing", "message": ""})
         if ref["outcome"] == "passed" and got["outcome"] != "passed":
             private = _PRIVATE.search(got["message"])
+            named = [private.group(1)] if private else reads.get(name, [])
             rows.append({
                 "test": name,
                 "outcome": got["outcome"],
-                "reads torch's private attribute": private.group(1) if private else "",
+                "reads torch's private attribute": ", ".join(named),
                 "message": got["message"],
             })
     return rows
+
+
+def private_reads(text: str) -> dict[str, list[str]]:
+    """``{"Class.test": [private attribute, ...]}``: the attributes starting with one ``_`` that each test
+    reads (in its own body and in the module-level functions it names) and that neither the peer file
+    defines (as a function, a class or a ``self`` attribute) nor intune's loader or its iterator has."""
+    import intune
+    from intune.dataloader.loader import _Batches
+
+    tree = ast.parse(text)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {  # the tests' own attributes (self._x = ...)
+        t.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+    ours = set(dir(intune.DataLoader)) | set(dir(_Batches))
+
+    def reads(node: ast.AST, seen: set[str]) -> set[str]:
+        found = set()
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Attribute) and sub.attr.startswith("_") and not sub.attr.startswith("__"):
+                found.add(sub.attr)
+            elif isinstance(sub, ast.Name) and sub.id in functions and sub.id not in seen:
+                seen.add(sub.id)
+                found |= reads(functions[sub.id], seen)
+        return found
+
+    def methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+        out: dict[str, ast.FunctionDef] = {}
+        for base in cls.bases:  # inherited tests first, overridden by the class's own
+            if isinstance(base, ast.Name) and base.id in classes:
+                out.update(methods(classes[base.id]))
+        out.update({n.name: n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")})
+        return out
+
+    result = {}
+    for cls in classes.values():
+        for name, method in methods(cls).items():
+            private = sorted(a for a in reads(method, set()) - defined if a not in ours)
+            if private:
+                result[f"{cls.name}.{name}"] = private
+    return result
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,8 +222,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{mode}: {counts(got['tests'])} in {got['seconds']:.0f} s", flush=True)
     summary = [{"run": r["mode"], **counts(r["tests"]), "seconds": round(r["seconds"])} for r in results]
     reference = next((r["tests"] for r in results if r["mode"] == "torch"), None)
+    reads = private_reads(Path(args.peer).read_text())
     short = {} if reference is None else {
-        r["mode"]: shortfalls(reference, r["tests"]) for r in results if r["mode"] != "torch"
+        r["mode"]: shortfalls(reference, r["tests"], reads) for r in results if r["mode"] != "torch"
     }
     print(format_table(summary))
     for mode, rows in short.items():
@@ -190,7 +246,9 @@ def report(command: str, summary: list[dict[str, Any]], short: dict[str, list[di
         "PyTorch's own `test/test_dataloader.py`, run unchanged (`torch`) and with every `DataLoader` it uses made",
         "`intune.DataLoader` with `tune=None` (`off`) or tuned, its default (`on`); each run a fresh pytest process,",
         f"`--timeout {timeout}` per test. A test that reads one of torch's private attributes (a name starting",
-        "with `_`, such as an iterator's `_workers`) is named in its column: intune does not mimic them.",
+        "with `_`, such as an iterator's `_workers`: named by its failure, or found in the test's code and the",
+        "functions it names, defined neither by the test file nor by intune.DataLoader) has them in its column:",
+        "intune does not mimic them.",
         md_report.load_line(),
     ]
     columns = ["test", "outcome", "reads torch's private attribute", "message"]

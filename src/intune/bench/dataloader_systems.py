@@ -4,7 +4,9 @@ Owns the benchmark's dataset, ``CriteoRows``: generated Criteo-format rows store
 ``.npy`` columns (dense counts as float32 with NaN for missing, categorical IDs as 8-hex-digit bytes,
 labels), pickled as its directory and reopened in each worker, whose ``__getitem__`` does per-row,
 GIL-bound work in Python: log transforms and bucketing of the counts, two hashes of each parsed hex ID,
-and hashed feature crosses. Also one run, in a fresh process per run so that memory and CPU figures do
+and hashed feature crosses; and ``CriteoStream``, the same rows as an ``IterableDataset`` that each
+worker divides by ``get_worker_info()`` (a contiguous block each, as files are split among workers),
+with the same per-row work. Also one run, in a fresh process per run so that memory and CPU figures do
 not mix: ``intune.DataLoader`` or ``torch.utils.data.DataLoader`` at a ``num_workers``, built from a
 cold start, timed over its first whole epoch (construction, worker start and tuning included) and
 then at steady state over a fixed number of rows, with the process tree's peak PSS; and the CPU cost
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
 
 MASK = (1 << 64) - 1
 BOUNDS = tuple(0.5 * k for k in range(1, 40))
@@ -77,6 +80,25 @@ class CriteoRows:
             "sparse": np.array(sparse, dtype=np.int64),
             "label": float(self.label[i]),
         }
+
+
+class CriteoStream(IterableDataset):
+    """The same rows and per-row work as an iterable dataset: each worker reads its own contiguous
+    block, chosen by ``get_worker_info()``, in file order (no shuffle)."""
+
+    def __init__(self, root: str | os.PathLike[str], table_size: int = TABLE_SIZE) -> None:
+        self.rows = CriteoRows(root, table_size)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        n = len(self.rows)
+        part, parts = (info.id, info.num_workers) if info is not None else (0, 1)
+        rows = self.rows
+        for i in range(n * part // parts, n * (part + 1) // parts):
+            yield rows[i]
 
 
 def row_features(
@@ -150,11 +172,15 @@ def _hex(column: Any) -> np.ndarray:
 
 
 # ---- measurement ---------------------------------------------------------------------------------
-def make_loader(spec: dict[str, Any], dataset: CriteoRows) -> Any:
+def make_loader(spec: dict[str, Any], dataset: CriteoRows | CriteoStream) -> Any:
     """The spec's loader, iterated once per epoch: ``intune`` (``intune.DataLoader``, its policy),
-    ``torch`` (``num_workers``), or one of ``EXTRA_LOADERS`` (the same work through other APIs)."""
-    common = {"batch_size": spec["batch_size"], "shuffle": True, "generator": _generator(spec["seed"])}
-    if spec["system"] == "intune":
+    ``torch`` (``num_workers``), or one of ``EXTRA_LOADERS`` (the same work through other APIs); a
+    system ending in ``-iterable`` reads ``CriteoStream`` (no shuffle: the stream's order)."""
+    system, iterable = _system(spec)
+    common: dict[str, Any] = {"batch_size": spec["batch_size"]}
+    if not iterable:
+        common.update(shuffle=True, generator=_generator(spec["seed"]))
+    if system == "intune":
         import intune
 
         return intune.DataLoader(
@@ -255,8 +281,18 @@ def make_tf_data(spec: dict[str, Any], dataset: CriteoRows) -> Any:
     )
 
 
+def _system(spec: dict[str, Any]) -> tuple[str, bool]:
+    """The spec's loader (``intune``, ``torch``, ...) and whether it reads the iterable dataset."""
+    system = spec["system"]
+    return system.removesuffix(ITERABLE), system.endswith(ITERABLE)
+
+
+ITERABLE = "-iterable"
+"""The suffix of a system that reads ``CriteoStream`` (``intune-iterable``, ``torch-iterable``)."""
+
 IMPORTS = {
     "intune": ("torch", "intune.dataloader"),
+    "intune-iterable": ("torch", "intune.dataloader"),
     "map_rows": ("torch", "intune.pipeline"),
     "to_tf_dataset": ("torch", "intune.pipeline", "tensorflow"),
     "tf.data": ("torch", "tensorflow"),
@@ -357,7 +393,7 @@ def main(argv: list[str]) -> int:
     # a training script has its libraries loaded before it builds a loader: not the loader's time
     for module in IMPORTS.get(spec["system"], ("torch",)):
         importlib.import_module(module)
-    dataset = CriteoRows(spec["data"])
+    dataset = CriteoStream(spec["data"]) if _system(spec)[1] else CriteoRows(spec["data"])
     result = costs(spec, dataset) if spec["system"] == "costs" else measure(spec, dataset)
     Path(argv[1]).write_text(json.dumps(result, default=float))
     return 0

@@ -6,7 +6,9 @@ and queues each for one worker, as torch's loader puts each index into one worke
 ``in_order`` the next worker in the cycle (batch ``k`` of ``n`` workers goes to worker ``k % n``),
 else the next one in the cycle holding fewer than ``prefetch_factor`` batches. ``LoaderPoolRun`` is
 each worker's thread: it sends its own queue's batches to its child process (two in flight), in
-order, and delivers the results under their input's sequence number.
+order, and delivers the results under their input's sequence number (the engine's
+``ProcessPoolRun`` handles each outcome; this module adds only the intake, an iterable's end and
+which deaths are final).
 
 Exactly once: a batch is in one place at a time (the input, one worker's queue, one child, the
 output), and each worker works through its queue oldest first, so the oldest batch not yet released
@@ -18,8 +20,10 @@ the window lets the next one go, so which worker gets which request, and so the 
 depend on the data only, as under torch (whose main thread learns of the end in order too). Once every
 worker has left, the epoch ends. A dead child is
 replaced and its batches sent again (a map-style batch is the same whoever fetches it), except for an
-iterable dataset, whose worker's place in its iterator cannot be rebuilt: that fails the epoch. It
-must not know what the workers compute (``fetch``, ``shards``).
+iterable dataset, whose worker's place in its iterator cannot be rebuilt: that fails the epoch. A
+resumed epoch starts its cycle at a given worker. With an ``Opener``, each worker is sent the epoch's
+opening before its first batch, and its answer handed back (``worker_state``: the worker's own state,
+restored on a resume). It must not know what the workers compute (``fetch``, ``shards``).
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.errors import StageError, WorkerLostError
-from intune.pipeline.pool import ChunkHandling, ProcessPoolRun
-from intune.pipeline.procworker import SLOTS, ChunkTimeout, RemoteError, WorkerDied, WorkerInitError
-from intune.pipeline.stats import StageStats
+from intune.pipeline.pool import ChildSlot, ChunkHandling, ProcessPoolRun
+from intune.pipeline.procworker import SLOTS, RemoteError, WorkerDied
+from intune.pipeline.stats import StageStats, WorkerStats
 
 Queued = tuple[int, Item]  # (sequence number in the input's order, the batch)
 
@@ -50,6 +54,7 @@ class Dispatch:
         per_worker: int,
         stop: threading.Event,
         out: Channel,
+        first: int = 0,
     ) -> None:
         self._target = target
         self._window = window
@@ -57,10 +62,12 @@ class Dispatch:
         self._per_worker = max(1, per_worker)
         self._stop = stop
         self._out = out
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # the dispatcher's (room for a batch, with in_order=False)
+        self._ready: dict[int, threading.Condition] = {}  # each worker's: a batch queued for it, or the end
         self._queues: dict[int, deque[Queued]] = {}
         self._held: dict[int, int] = {}  # taken from its queue by the worker, not yet delivered
-        self._cursor = 0  # the next worker in the cycle
+        self._cursor = first  # the next worker in the cycle (a resumed epoch's: after the last delivered)
         self._ended = False  # nothing more will be queued
         self._exhausted_at: dict[int, int] = {}  # worker -> the first request it answered EXHAUSTED
         self._next = 0  # the sequence number of the next batch taken from the input
@@ -87,7 +94,7 @@ class Dispatch:
         finally:
             with self._cond:
                 self._ended = True
-                self._cond.notify_all()
+                self._wake_all()
         out.finish(inp.handed_out)
 
     def _give(self, got: Queued) -> None:
@@ -97,12 +104,12 @@ class Dispatch:
                 worker = self._choose(got[0])
                 if worker is not None:
                     self._queues.setdefault(worker, deque()).append(got)
-                    self._cond.notify_all()
+                    self._worker_ready(worker).notify()
                     return
                 if self._all_left(got[0]):
                     self._out.put_at(got[0], [])  # no worker has anything left: an empty entry
                     return
-                self._wait(0.2)  # in_order=False: every worker holds prefetch_factor batches
+                self._wait(self._cond, 0.2)  # in_order=False: every worker holds prefetch_factor batches
 
     def _choose(self, seq: int) -> int | None:
         """The next worker of the cycle that may take batch ``seq`` (torch's ``_try_put_index``)."""
@@ -149,20 +156,21 @@ class Dispatch:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                self._wait(left)
+                self._wait(self._worker_ready(worker), left)
 
     def delivered(self, worker: int) -> None:
         """``worker`` delivered one batch it had taken (room for another with ``in_order=False``)."""
         with self._cond:
             self._held[worker] -= 1
-            self._cond.notify_all()
+            if not self._in_order:
+                self._cond.notify()
 
     def exhausted(self, worker: int, seq: int) -> None:
         """``worker`` answered request ``seq`` that its iterator has ended (it answers so to the requests
         queued for it too): it leaves the cycle a window later."""
         with self._cond:
             self._exhausted_at[worker] = min(seq, self._exhausted_at.get(worker, seq))
-            self._cond.notify_all()
+            self._cond.notify()
 
     def rebalance(self) -> None:
         """After a resize: the queues of retired workers go to the active ones."""
@@ -179,7 +187,7 @@ class Dispatch:
             queue.append(got)
             if len(queue) > 1 and queue[-2][0] > got[0]:
                 self._queues[worker] = deque(sorted(queue, key=lambda g: g[0]))
-        self._cond.notify_all()
+        self._wake_all()
 
     def _choose_any(self) -> int:
         worker = self._cursor % self._target()
@@ -198,12 +206,34 @@ class Dispatch:
 
     def wake(self) -> None:
         with self._cond:
-            self._cond.notify_all()
+            self._wake_all()
 
-    def _wait(self, timeout: float) -> None:
-        self._cond.wait(min(timeout, 0.2))
+    def _worker_ready(self, worker: int) -> threading.Condition:
+        ready = self._ready.get(worker)
+        if ready is None:
+            ready = self._ready[worker] = threading.Condition(self._lock)
+        return ready
+
+    def _wake_all(self) -> None:
+        self._cond.notify_all()
+        for ready in self._ready.values():
+            ready.notify_all()
+
+    def _wait(self, condition: threading.Condition, timeout: float) -> None:
+        condition.wait(min(timeout, 0.2))
         if self._stop.is_set():
             raise Stopped
+
+
+class Opener:
+    """An epoch's opening for each worker: ``chunk(worker)`` is what it is sent, ``opened(worker,
+    answer)`` is given its answer."""
+
+    def __init__(
+        self, chunk: Callable[[int], Mapping[str, Any]], opened: Callable[[int, Mapping[str, Any]], None]
+    ) -> None:
+        self.chunk = chunk
+        self.opened = opened
 
 
 class LoaderPoolRun(ProcessPoolRun):
@@ -228,9 +258,12 @@ class LoaderPoolRun(ProcessPoolRun):
         exhausted_key: str,
         replaceable: bool,
         dataset_name: str,
+        opener: Opener | None = None,
     ) -> None:
         super().__init__(name, target, worker_for, handling, out, out, stats, fail, stop)
         self._dispatch = dispatch
+        self._opener = opener
+        self._opened: set[int] = set()  # the workers that were sent the epoch's opening
         self._exhausted_key = exhausted_key
         self._replaceable = replaceable
         self._dataset_name = dataset_name
@@ -250,84 +283,76 @@ class LoaderPoolRun(ProcessPoolRun):
                 self._cond.wait(0.2)
             return self._dispatch.finished()
 
-    def _run(self, index: int) -> None:
-        stats = self._stats.worker(index)
+    def _loop(self, index: int, stats: WorkerStats, child: ChildSlot) -> None:
+        """Take this worker's own queued batches while fewer than ``SLOTS`` are in flight, then collect
+        the oldest (``ProcessPoolRun._collect_oldest``); park while retired; end with the dispatch."""
         pending: deque[Queued] = deque()
-        dispatch, handling = self._dispatch, self._handling
-        worker: Any = None
+        dispatch = self._dispatch
         clock = time.perf_counter
-        try:
-            worker = self._worker_for(index)
-            worker.ensure_started()
-            while not self._stop.is_set():
-                retired = index >= self._target()
-                ended = False
-                t0 = clock()
-                while not retired and len(pending) < SLOTS:
-                    got = dispatch.take(index, 0.0 if pending else 0.2)
-                    if got is None:
-                        break
-                    if got is END:
-                        ended = True
-                        break
-                    worker.submit(got[1].chunk)
-                    pending.append(got)
-                    stats.held_bytes += got[1].nbytes
-                if not pending:
-                    stats.starved_s += clock() - t0
-                    if ended or (retired and self._park(index)):
-                        return
-                    continue
-                seq, item = pending[0]
-                t1 = clock()
-                if stats.work_item is not item:
-                    stats.work_item, stats.work_since = item, t1
-                try:
-                    result, cpu = worker.collect(self._stop, handling.timeout_s)
-                    stats.cpu_s += cpu
-                    if self._exhausted_key in result:
-                        dispatch.exhausted(index, seq)
-                        results: list[Item] = []
-                    else:
-                        results = handling.deliver(result, item, stats)
-                except RemoteError as exc:
-                    results = handling.failed(item, stats, exc)
-                except ChunkTimeout:  # the hung child is gone
-                    results = handling.timed_out(item, stats)
-                    worker.drop_oldest()
-                    worker.restart()
-                except WorkerInitError as exc:  # every batch would fail alike: no retry
-                    raise StageError(self.name, "the worker's start", str(exc), exc.remote_traceback) from exc
-                except WorkerDied as exc:
-                    stats.restarts += 1
-                    if self._stop.is_set():
-                        raise Stopped from None
-                    if not self._replaceable:
-                        raise WorkerLostError(
-                            f"DataLoader worker {index} exited unexpectedly ({exc}) while reading its part of "
-                            f"iterable dataset {self._dataset_name}: where its iterator was is lost with it, "
-                            "so the epoch cannot go on without losing or repeating rows"
-                        ) from None
-                    if worker.oldest_deaths() >= handling.max_attempts:
-                        raise handling.lost(item, exc) from None
-                    worker.restart()
-                    continue
-                pending.popleft()
-                dispatch.delivered(index)
-                stats.work_since, stats.work_item = 0.0, None
-                stats.held_bytes -= item.nbytes
-                stats.busy_s += clock() - t1
-                stats.items += len(results)
-                for r in results:
-                    stats.rows += r.rows
-                    stats.bytes_out += r.nbytes
-                self._out.put_at(seq, results)
-        except Stopped:
+        child.worker = self._worker_for(index)
+        child.worker.ensure_started()
+        self.open({index: child.worker})
+        while not self._stop.is_set():
+            retired = index >= self._target()
+            ended = False
+            t0 = clock()
+            while not retired and len(pending) < SLOTS:
+                got = dispatch.take(index, 0.0 if pending else 0.2)
+                if got is None:
+                    break
+                if got is END:
+                    ended = True
+                    break
+                self._submit(index, child, got, pending, stats)
+            if not pending:
+                stats.starved_s += clock() - t0
+                if ended or (retired and self._park(index)):
+                    return
+                continue
+            self._collect_oldest(index, child.worker, pending, stats)
+
+    def open(self, workers: dict[int, Any]) -> None:
+        """Send each of ``workers`` (index -> worker) the epoch's opening, then hand each answer to the
+        opener, once per epoch and worker (before its first batch: on the caller's thread at ``iter()``,
+        all at once, or on its own thread for a worker added later)."""
+        if self._opener is None:
             return
-        except BaseException as exc:  # noqa: BLE001 - reported to the consumer
-            self._fail(exc)
-        finally:
-            stats.held_bytes = 0
-            stats.work_since, stats.work_item = 0.0, None
-            if worker is not None and worker.in_flight:
-                worker.kill()  # batches abandoned by a stopped epoch must not reach the next one
+        sent = {index: worker for index, worker in workers.items() if index not in self._opened}
+        for index, worker in sent.items():
+            worker.ensure_started()
+            worker.submit(self._opener.chunk(index))
+        for index, worker in sent.items():
+            self._opener.opened(index, self._answer(index, worker))
+            self._opened.add(index)
+
+    def _answer(self, index: int, worker: Any) -> dict:
+        for attempt in range(self._handling.max_attempts):
+            try:
+                return worker.collect(self._stop, self._handling.timeout_s)[0]
+            except RemoteError as exc:
+                raise StageError(
+                    self.name, f"worker {index}'s opening of the epoch", str(exc), exc.remote_traceback
+                ) from exc
+            except WorkerDied:
+                if attempt + 1 == self._handling.max_attempts:
+                    raise
+                worker.restart()  # sends the opening again
+        raise AssertionError("unreachable")
+
+    def _outcome(self, index: int, seq: int, item: Item, result: dict, stats: WorkerStats) -> list[Item]:
+        if self._exhausted_key in result:
+            self._dispatch.exhausted(index, seq)
+            return []
+        return super()._outcome(index, seq, item, result, stats)
+
+    def _lost(self, index: int, worker: Any, item: Item, exc: WorkerDied) -> None:
+        if not self._replaceable:
+            raise WorkerLostError(
+                f"DataLoader worker {index} exited unexpectedly ({exc}) while reading its part of "
+                f"iterable dataset {self._dataset_name}: where its iterator was is lost with it, "
+                "so the epoch cannot go on without losing or repeating rows"
+            ) from None
+        super()._lost(index, worker, item, exc)
+
+    def _collected(self, index: int) -> None:
+        self._dispatch.delivered(index)

@@ -7,7 +7,9 @@ seeded from the loader's base seed plus the worker's id, as torch seeds them, on
 seeding stands), and failures as data: an exception in ``__getitem__`` or ``collate_fn`` becomes a
 failure record that travels in the batch's place, so that it reaches the training loop in order,
 with the dataset index and the worker's traceback, and the loop may go on with the next batch as
-torch's DataLoader allows. It must not know about pipelines, stages or samplers.
+torch's DataLoader allows. A stateful dataset's copy in a worker has its state taken and restored per
+worker (``worker_state``: the epoch's opening, a snapshot with its batches). It must not know about
+pipelines, stages or samplers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 
 from intune.dataloader import dataset_state, transport
 from intune.dataloader.errors import init_failure_words
+from intune.dataloader.worker_state import OPENED, WORKER_STATE, Opening, WorkerSnapshots
+from intune.dataloader.worker_state import encode as encode_snapshot
 
 INDEX = "index"
 """The input column: the batch's dataset indices (int64, or an object array of other keys)."""
@@ -50,6 +54,7 @@ class Fetcher:
         dataset_name: str,
         encode: bool = True,
         snapshot: bool = False,
+        snapshot_every: int | None = 1,
     ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
@@ -58,13 +63,44 @@ class Fetcher:
         self.encode = encode
         # in the loader's process only: the dataset's state_dict() after each batch, for a resume
         self.snapshot = snapshot and not encode and dataset_state.is_stateful(dataset)
+        # in a worker: its copy's state_dict(), per worker, as torchdata takes it (``worker_state``)
+        self.progress = WorkerSnapshots(snapshot_every) if snapshot and encode and dataset_state.is_stateful(dataset) else None
         self.worker_id: int | None = None
 
     def __call__(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        opening = Opening.read(chunk)
+        if opening is not None:
+            return self._open(opening)
         out = self._fetch(chunk)
         if self.snapshot:  # the batches are fetched in order by one thread: the state after this one
             out[DATASET_STATE] = dataset_state.take(self.dataset, None, int(chunk[NUMBER][0]) + 1)
+        elif self.progress is not None:
+            self.progress.after_batch(self.dataset, None)
+            self.progress.attach(out, self.worker_id)
         return out
+
+    def _open(self, opening: Opening) -> dict[str, Any]:
+        """The epoch's opening in a worker: on a resume, its copy's state loaded and its batches delivered
+        after that state fetched again, unsent (so the copy's state moves as it did); the answer holds
+        the copy's state then."""
+        answer: dict[str, Any] = {OPENED: np.ones(1, dtype=np.bool_)}
+        if self.progress is None:
+            return answer
+        if opening.previous is not None:  # where this persistent worker stood at the last epoch's end
+            self._restore(opening.previous)
+        self._restore(opening)
+        self.progress.open(opening.generation, True, opening.delivered)
+        answer[WORKER_STATE] = encode_snapshot(self.progress.take(self.dataset, None))
+        return answer
+
+    def _restore(self, opening: Opening) -> None:
+        """The copy's state loaded, then its batches delivered after that state fetched again, unsent."""
+        dataset_state.load_dataset(self.dataset, opening.restored())
+        for keys in opening.refetch:
+            try:
+                self._samples(list(keys))
+            except _Failed:
+                pass  # this batch's failure was delivered already
 
     def _fetch(self, chunk: Mapping[str, np.ndarray]) -> dict[str, Any]:
         keys = chunk[INDEX].tolist()

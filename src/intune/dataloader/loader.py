@@ -58,9 +58,10 @@ from intune.dataloader.sampling import (
     is_iterable_dataset,
 )
 from intune.dataloader.shards import ShardFetcher, ShardRequests
-from intune.dataloader.stage import FetchStage
+from intune.dataloader.stage import FetchStage, Opener
 from intune.dataloader.stream import StreamSource
 from intune.dataloader.transport import SPEC, decode
+from intune.dataloader.worker_state import WORKER, WorkerProgress
 from intune.knobs import Knob
 from intune.monitor import available_cpus
 from intune.pipeline import Pipeline
@@ -168,19 +169,25 @@ class DataLoader(Generic[T_co]):
         self.collate_fn = collate_fn
         self._pin = _pin_memory(pin_memory)
         self._epochs = 0
+        self._generation = 0  # epochs begun or resumed: a worker knows a new one by it
         self._epoch_set: int | None = None
         self._seed = _Seed()
         self._epoch: _Epoch | None = None  # the epoch in flight (None: none, or it ended)
         self._ended: Snapshot | None = None  # the dataset's state at the end of the last epoch, until the next
+        # persistent workers' progress at the end of the last epoch (their states carry over), until the next
+        self._ended_workers: WorkerProgress | None = None
+        self._catch_up: WorkerProgress | None = None  # loaded: fresh workers reach it before the next epoch
         self._pending: _Pending | None = None  # a state loaded by load_state_dict, resumed by the next iter()
         self._running: weakref.ref[_Batches] | None = None  # the last epoch's iterator
         self._closed = False
         self._iterable_len: int | None = None  # len(dataset) when len(loader) was asked (torch's warning)
         self.multiprocessing_context = multiprocessing_context
         tuned = tune is not None and not self.iterable  # an iterable's workers each read a part: held
-        start = _start_workers(num_workers, self.machine_share)
+        # an iterable dataset gets workers only when asked: each would yield it all unless it divides
+        # itself by get_worker_info(), which only its author knows (torch's default is 0 too)
+        start = 0 if self.iterable and num_workers == "auto" else _start_workers(num_workers, self.machine_share)
         context = check_context(multiprocessing_context, start)
-        if num_workers == "auto" and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
+        if num_workers == "auto" and start and (why := unstartable(context, self.dataset, self.collate_fn, worker_init_fn)):
             warnings.warn(
                 f"intune.DataLoader: num_workers='auto' loads in this process: {why}. Make them picklable "
                 "(or use the 'fork' start method) to get workers",
@@ -243,11 +250,19 @@ class DataLoader(Generic[T_co]):
         if self.iterable:
             source: IndexSource | ShardRequests = ShardRequests("requests", name, plan.batch_size or 1)
             self._requests = source
-            fetcher: Fetcher = ShardFetcher(self.dataset, self.collate_fn, plan.batch_size, plan.drop_last, name)
+            fetcher: Fetcher = ShardFetcher(
+                self.dataset, self.collate_fn, plan.batch_size, plan.drop_last, name, self.snapshot_every_n_steps
+            )
         else:
             source = self._source = IndexSource("sampler", name, plan.auto_collation)
             fetcher = Fetcher(
-                self.dataset, self.collate_fn, plan.auto_collation, name, encode=workers > 0, snapshot=True
+                self.dataset,
+                self.collate_fn,
+                plan.auto_collation,
+                name,
+                encode=workers > 0,
+                snapshot=True,
+                snapshot_every=self.snapshot_every_n_steps,
             )
         pipe = Pipeline(source, name=source.name, deterministic=in_order, max_workers=ceiling, shard=self.shard)
         stage = FetchStage(
@@ -356,7 +371,7 @@ class DataLoader(Generic[T_co]):
         epoch = self._epoch_set if self._epoch_set is not None else self._epochs
         self._epoch_set = None
         self._epochs += 1
-        self._ended = None
+        self._ended, self._ended_workers = None, None
         start = generator_state(self.generator)  # before any draw of the epoch: what a resume replays
         # a datapipe's shared seed first, then the workers' base seed, from the same generator, as torch
         shared = draw_seed(self.generator) if self.iterable and is_datapipe(self.dataset) else None
@@ -365,7 +380,7 @@ class DataLoader(Generic[T_co]):
             self._seed.value = draw_seed(self.generator)
         record = _Epoch(epoch, self._seed.get(), drawn, start, self._sampler_states())
         if self.iterable and self.num_workers > 0:
-            self._requests.begin(epoch, shared)  # each worker calls iter() on its own copy
+            self._open_workers(record, shared)  # each worker calls iter() on its own copy
         elif self.iterable:
             if shared is not None:
                 seed_datapipe(self.dataset, shared)  # read in this process: seeded here
@@ -381,7 +396,43 @@ class DataLoader(Generic[T_co]):
             self._source.begin(self._plan.index_sampler, epoch)
             if self._in_process_state():
                 record.snapshot = dataset_state.take(self.dataset, None, 0)
+            elif self.num_workers > 0:
+                self._open_workers(record, None)
         self._epoch = record
+
+    def _per_worker(self) -> bool:
+        """Whether each worker's own state is kept (torchdata's per-worker snapshots, ``worker_state``):
+        an iterable dataset read by workers, or a map-style dataset with a state of its own fetched by them."""
+        return self.num_workers > 0 and (self.iterable or dataset_state.is_stateful(self.dataset))
+
+    def _open_workers(self, record: _Epoch, shared: int | None) -> None:
+        """The epoch's opening of each worker, at its start (``record.workers`` None) or on a resume
+        (``record.workers`` holds each worker's progress): a new generation, each worker's state and
+        place, and the worker the cycle starts with. After a resume between epochs with persistent
+        workers, each fresh worker first reaches where the saved one stood at the last epoch's end."""
+        self._generation += 1
+        generation = self._generation
+        if self.iterable:
+            self._requests.begin(record.epoch, shared, generation)
+        stage = self.pipeline.stage("fetch")
+        if not self._per_worker():
+            record.workers = None
+            stage.open_next(None)
+            return
+        if not self.iterable:
+            self._source.keep_keys = True  # a worker's batches since its snapshot are fetched again on resume
+        resumed = record.workers is not None
+        progress = record.workers if resumed else WorkerProgress(not self.iterable, self.num_workers)
+        record.workers = progress
+        previous, self._catch_up = self._catch_up, None
+        kw: dict[str, Any] = {"epoch": record.epoch, "shared_seed": shared} if self.iterable else {}
+
+        def chunk(worker: int) -> dict[str, Any]:
+            if previous is not None:
+                kw["previous"] = previous.opening(worker, generation)
+            return progress.opening(worker, generation, **kw).chunk()
+
+        stage.open_next(Opener(chunk, progress.opened), progress.first_worker(self.num_workers) if resumed else 0)
 
     def _claim_dataset(self) -> None:
         """Before ``iter(dataset)``: another loader whose epoch still reads this same dataset object, when
@@ -397,7 +448,7 @@ class DataLoader(Generic[T_co]):
 
     def _in_process_state(self) -> bool:
         """A map-style dataset with its own state, fetched in this process: its state is part of the
-        loader's (with workers each worker has its own copy, seeded per batch instead)."""
+        loader's (with workers each worker has its own copy, whose state is not taken)."""
         return not self.iterable and self._fetch_mode == "in-process" and dataset_state.is_stateful(self.dataset)
 
     def _resume_from(self, pending: _Pending) -> None:
@@ -419,6 +470,8 @@ class DataLoader(Generic[T_co]):
                 dataset_state.restore(self.dataset, pending.ended)  # as torchdata: load, iter(), load
             elif self._in_process_state():
                 dataset_state.load_dataset(self.dataset, pending.ended)
+        if pending.ended_workers is not None and self.persistent_workers and self._per_worker():
+            self._catch_up = pending.ended_workers  # the fresh workers reach the saved ones' states first
         if pending.global_generator is not None:
             # what torch's global generator held at the checkpoint decides the next epoch's draws (its
             # seed, a RandomSampler's order) as in the uninterrupted run; it is left advanced by them
@@ -429,6 +482,8 @@ class DataLoader(Generic[T_co]):
         """The loaded epoch again, from its start state, with its delivered batches skipped unfetched
         (map-style) or its dataset restored to the last snapshot delivered (iterable)."""
         with replaying(self.generator, resumed.generator):
+            # the draws of the epoch's start again, in _begin's order: a datapipe's shared seed first
+            shared = draw_seed(self.generator) if self.iterable and is_datapipe(self.dataset) else None
             if resumed.seed_drawn and draw_seed(self.generator) != resumed.seed:
                 raise ResumeMismatchError(
                     "intune.DataLoader: cannot resume: the saved generator state does not give the epoch's "
@@ -443,8 +498,10 @@ class DataLoader(Generic[T_co]):
         # after the replay, whose borrowed global generator is given back: a dataset's own state may set it
         count = resumed.delivered.count
         if self.iterable and self.num_workers > 0:
-            self._resume_shards(resumed)
+            self._resume_shards(resumed, shared)
         elif self.iterable:
+            if shared is not None:
+                seed_datapipe(self.dataset, shared)  # the shuffle of the epoch being resumed
             self._claim_dataset()
             iterator = dataset_state.restore(self.dataset, resumed.snapshot)
             self._register_reader(iterator)
@@ -452,20 +509,27 @@ class DataLoader(Generic[T_co]):
             self._stream.begin(iterator, skip=count - done, first=count)
         elif self._in_process_state():
             dataset_state.load_dataset(self.dataset, resumed.snapshot)
+        elif self.num_workers > 0:
+            if resumed.workers is not None and not self._per_worker():
+                resumed.workers = None  # the state holds workers' states this loader's dataset does not keep
+            self._open_workers(resumed, None)
         # the batches delivered before the checkpoint, and those delivered from now on, in one record
         self._epoch = resumed
 
-    def _resume_shards(self, resumed: _Epoch) -> None:
-        """An iterable dataset read by workers: each worker's place in its own iterator is not in the
-        state, so only an epoch with nothing delivered yet can be resumed (it starts over)."""
-        if resumed.delivered.count:
+    def _resume_shards(self, resumed: _Epoch, shared: int | None) -> None:
+        """An iterable dataset read by workers: each worker restores its part from its own snapshot and
+        count of delivered batches (``worker_state``), and the cycle starts after the last worker
+        delivered. The parts are the workers' ``get_worker_info()`` views, so the worker count must be
+        the saved one."""
+        progress = resumed.workers
+        saved = progress.count if progress is not None else self.num_workers
+        if saved != self.num_workers:
             raise ResumeMismatchError(
-                f"intune.DataLoader: cannot resume iterable dataset {dataset_name(self.dataset)} in the middle of "
-                f"an epoch ({resumed.delivered.count} batches delivered) with {self.num_workers} worker processes: "
-                "where each worker was in its own iterator is not saved. Resume from a state taken between "
-                "epochs, or read the dataset with num_workers=0"
+                f"intune.DataLoader: cannot resume iterable dataset {dataset_name(self.dataset)}: "
+                f"num_workers: saved {saved}, now {self.num_workers} (each worker reads its own "
+                "part, chosen by get_worker_info(), so the parts differ with another count)"
             )
-        self._requests.begin(resumed.epoch, None)
+        self._open_workers(resumed, shared)
 
     def _samplers(self) -> dict[str, Any]:
         return {"sampler": self._plan.sampler, "batch_sampler": self._plan.batch_sampler}
@@ -500,8 +564,9 @@ class DataLoader(Generic[T_co]):
         the loader's seed, the generator's state now (the loader's ``generator``, else torch's global
         one), the epoch in flight (its number, seed, the generator's state at its start, the samplers'
         own ``state_dict()`` if they have one, the batches delivered and a digest of their indices, and
-        the dataset's own state: see ``dataset_state``), or between epochs the dataset's state at the
-        end of the last one (``ended``), the knob values, and the tuner's state. A state loaded and not
+        the dataset's own state: see ``dataset_state``; each worker's, ``worker_state``), or between
+        epochs the dataset's state at the end of the last one (``ended``, and persistent workers' in
+        ``ended_workers``), the knob values, and the tuner's state. A state loaded and not
         yet resumed (no ``iter()`` since) is returned as it was loaded. See docs/dataloader.md, "Resume".
         """
         if self._pending is not None:
@@ -517,6 +582,7 @@ class DataLoader(Generic[T_co]):
             "generator": encode_bytes(generator_state(self.generator)),
             "epoch": None if epoch is None else epoch.state(),
             "ended": None if epoch is not None or self._ended is None else self._ended.state(),
+            "ended_workers": None if epoch is not None or self._ended_workers is None else self._ended_workers.state(),
             "knobs": {name: knob.value for name, knob in self.knobs.items()},
             "tuner": None if self.tuner is None else json_safe(self.tuner.state_dict()),
         }
@@ -550,7 +616,11 @@ class DataLoader(Generic[T_co]):
         self._seed.value = None if state["seed"] is None else int(state["seed"])
         if pending.epoch is None and self.generator is not None:
             set_generator_state(self.generator, decode_bytes(state["generator"], "'generator'"))
-        self._epoch, self._ended, self._pending = None, None, pending
+        if self.persistent_workers and self.num_workers > 0:
+            # as torchdata's: the next iter() starts fresh workers, seeded from the state, and gives each
+            # its saved state (persistent ones would go on from where this loader's stood)
+            self.pipeline.stage("fetch").end_workers()
+        self._epoch, self._ended, self._ended_workers, self._pending = None, None, None, pending
 
     def _delivered(self, epoch: _Epoch, chunk: Mapping[str, Any]) -> None:
         """Record that ``chunk``'s batch reached the training loop (a failed batch too: its error did)."""
@@ -558,7 +628,15 @@ class DataLoader(Generic[T_co]):
         if number is None or epoch is not self._epoch:
             return
         number = int(number[0]) if isinstance(number, np.ndarray) else int(number)
+        if self.iterable and epoch.workers is not None:  # counted per worker: the requests' numbers have gaps
+            if WORKER in chunk:
+                epoch.workers.add(chunk)
+            epoch.delivered.add(epoch.delivered.count, None)
+            return
         digest = None if self.iterable else self._source.digests.pop(number, None)
+        keys = None if self.iterable else self._source.keys.pop(number, None)
+        if epoch.workers is not None and WORKER in chunk:
+            epoch.workers.add(chunk, keys)
         snapshot = chunk.get(DATASET_STATE)
         if snapshot is not None and (epoch.snapshot is None or snapshot.batches >= epoch.snapshot.batches):
             epoch.snapshot = snapshot
@@ -569,7 +647,9 @@ class DataLoader(Generic[T_co]):
         (after its iterator ran out) is what the next epoch starts from."""
         if epoch is not self._epoch:
             return
-        if self.iterable:  # with workers each read its own copy: their states are not in the loader's
+        # persistent workers carry their states into the next epoch: a state between epochs holds them
+        self._ended_workers = epoch.workers if self.persistent_workers else None
+        if self.iterable:  # with workers each read its own copy: their states are in ``_ended_workers``
             self._ended = self._stream.end_snapshot if self.num_workers == 0 else None
         elif self._in_process_state():
             self._ended = dataset_state.take(self.dataset, None, epoch.delivered.count)
@@ -674,12 +754,14 @@ class _Epoch:
         sampler_states: dict[str, Any],
         delivered: Delivered | None = None,
         snapshot: Snapshot | None = None,
+        workers: WorkerProgress | None = None,
     ) -> None:
         self.epoch, self.seed, self.seed_drawn = epoch, seed, seed_drawn
         self.generator = generator
         self.sampler_states = sampler_states
         self.delivered = delivered or Delivered()
         self.snapshot = snapshot
+        self.workers = workers  # each worker's own state and progress (``worker_state``), when kept
 
     def state(self) -> dict[str, Any]:
         return {
@@ -690,6 +772,7 @@ class _Epoch:
             "sampler_states": copy.deepcopy(self.sampler_states),
             "delivered": self.delivered.state(),
             "dataset": None if self.snapshot is None else self.snapshot.state(),
+            "workers": None if self.workers is None else self.workers.state(),
         }
 
     @classmethod
@@ -697,6 +780,7 @@ class _Epoch:
         try:
             generator = state["generator"]
             snapshot = state["dataset"]
+            workers = state.get("workers")
             return cls(
                 int(state["epoch"]),
                 int(state["seed"]),
@@ -705,6 +789,7 @@ class _Epoch:
                 dict(state["sampler_states"]),
                 Delivered.from_state(state["delivered"]),
                 None if snapshot is None else Snapshot.from_state(snapshot),
+                None if workers is None else WorkerProgress.from_state(workers),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ResumeMismatchError):
@@ -724,23 +809,27 @@ class _Pending:
         epoch: _Epoch | None,
         ended: Snapshot | None,
         global_generator: np.ndarray | None,
+        ended_workers: WorkerProgress | None = None,
     ) -> None:
         self.state = state
         self.fetch_mode = fetch_mode
         self.epoch = epoch
         self.ended = ended
         self.global_generator = global_generator
+        self.ended_workers = ended_workers
 
     @classmethod
     def from_state(cls, state: dict[str, Any], own_generator: bool) -> _Pending:
         epoch = None if state["epoch"] is None else _Epoch.from_state(state["epoch"])
         try:
             ended = None if state["ended"] is None else Snapshot.from_state(state["ended"])
+            workers = state.get("ended_workers")
+            ended_workers = None if workers is None else WorkerProgress.from_state(workers)
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeMismatchError(f"intune.DataLoader state: 'ended' is malformed ({exc!r})") from exc
         between = epoch is None and not own_generator
         generator = decode_bytes(state["generator"], "'generator'") if between else None
-        return cls(copy.deepcopy(state), str(state["fetch"]), epoch, ended, generator)
+        return cls(copy.deepcopy(state), str(state["fetch"]), epoch, ended, generator, ended_workers)
 
 
 class _Seed:
@@ -809,6 +898,8 @@ def _worker_range(num_workers: int | str, start: int, max_workers: int | None, t
     silently: it raises the default ceiling, is the floor of a tuner's range, and only an explicit
     ``max_workers`` below it caps it, with a warning; more workers than CPUs warn as torch warns."""
     ceiling = max_workers if max_workers is not None else max(default_max_workers(), start)
+    if start > ceiling and num_workers == "auto":
+        start = ceiling  # the CPUs' share, within the bound the caller set
     if start > ceiling:
         warnings.warn(
             f"intune.DataLoader: num_workers={start} is above max_workers={ceiling}: the loader is capped at "

@@ -177,6 +177,9 @@ class IndexSource(Source):
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()  # for error messages only
         # digests of the batches sent and not yet delivered (the loader pops each on delivery)
         self.digests: dict[int, int] = {}
+        # with ``keep_keys``, their indices too (a worker's state is restored by fetching them again)
+        self.keep_keys = False
+        self.keys: dict[int, np.ndarray] = {}
 
     def begin(self, index_sampler: Any, epoch: int, delivered: Delivered | None = None) -> None:
         """Start the epoch's sampler here and take its first batch; with ``delivered`` (a resume), skip
@@ -184,6 +187,7 @@ class IndexSource(Source):
         them the same indices (``ResumeMismatchError`` otherwise)."""
         self._epoch = epoch
         self.digests.clear()
+        self.keys.clear()
         numbered = enumerate(iter(index_sampler))
         if delivered is None or delivered.frontier == 0:
             first = next(numbered, None)
@@ -215,6 +219,8 @@ class IndexSource(Source):
             keys = self._keys(batch)
             self._remember(number, keys)
             self.digests[number] = batch_digest(number, keys)
+            if self.keep_keys:
+                self.keys[number] = keys
             rows = len(keys)
             origin = Origin((Segment(self, number, 0, rows),))
             # the batch's number: an in-process fetcher takes the dataset's state after it (resume)

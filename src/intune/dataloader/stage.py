@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from intune.dataloader.dispatch import Dispatch, LoaderPoolRun
+from intune.dataloader.dispatch import Dispatch, LoaderPoolRun, Opener
 from intune.dataloader.errors import DataLoaderTimeoutError, init_failure
 from intune.dataloader.fetch import INHERITED, NUMBER, Fetcher, WorkerFetcher
 from intune.dataloader.launch import ContextLaunch, resolve
@@ -79,6 +79,8 @@ class FetchStage(MapStage):
         if shards:
             knob.min = knob.max = workers  # each worker reads its part: their number holds for the loader
         self._key = id(self)
+        self._first = 0  # the worker the next epoch's cycle starts with (a resumed epoch's)
+        self._opener: Opener | None = None  # the next epoch's opening of each worker (``worker_state``)
         if mode == "process":
             INHERITED[self._key] = (fetcher, worker_init_fn)
 
@@ -94,8 +96,9 @@ class FetchStage(MapStage):
         out = epoch.channel(f"{self.name}.out", ordered=epoch.deterministic, window=self.window)
         self._out = out
         label = f"{epoch.label}-{self.name}"
+        first, opener, self._first, self._opener = self._first, self._opener, 0, None
         dispatch = Dispatch(
-            self._get_workers, self.window, epoch.deterministic, self.prefetch_factor, epoch.stop, out
+            self._get_workers, self.window, epoch.deterministic, self.prefetch_factor, epoch.stop, out, first=first
         )
 
         def lost(item: Item, exc: BaseException) -> BaseException:
@@ -117,6 +120,7 @@ class FetchStage(MapStage):
             exhausted_key=EXHAUSTED,
             replaceable=not self.shards,
             dataset_name=self.fetcher.dataset_name,
+            opener=opener,
         )
         # as torch's iterator, start the workers here, on the caller's thread: a failed start raises from
         # iter(), and so does a worker_init_fn that raises (with its own class, before any batch is sent,
@@ -134,11 +138,17 @@ class FetchStage(MapStage):
                 if error is None:
                     raise
                 raise error from exc
+        run.open(dict(enumerate(workers)))  # each worker's state as the epoch opens: in a state taken now
         self._run = run
         epoch.pools.append(run)
         epoch.spawn(lambda: dispatch.run(inp), f"{self.name}-dispatch")
         run.start()
         return out
+
+    def open_next(self, opener: Opener | None, first: int = 0) -> None:
+        """The next epoch's opening of each worker (None: none) and the worker its cycle starts with
+        (a resumed epoch's: after the last one delivered)."""
+        self._opener, self._first = opener, first
 
     def new_process_worker(self, index: int, label: str) -> ProcessWorker:
         method, context = self._launch

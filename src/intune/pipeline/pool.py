@@ -5,7 +5,9 @@ it under its sequence number. Exactly-once follows from that loop: a chunk taken
 channel is held by one worker until it is delivered, and a worker only retires between chunks, so a
 resize (from any thread, at any moment) can neither lose nor repeat a row. Raising the target wakes
 parked workers (or starts threads); lowering it lets surplus workers park after the chunk in hand.
-``ProcessPoolRun`` is the same loop for process workers, keeping two chunks in flight per child.
+``ProcessPoolRun`` is the same loop for process workers, keeping two chunks in flight per child; it
+owns the handling of a child's outcome (result, error, timeout, death, failed start) that the
+DataLoader's pool (``dataloader.dispatch``) reuses with its own intake.
 ``Rescue`` hands the chunks of a remote worker that was lost (``remote_ray``) to the stage's other
 workers under their original sequence numbers, so that they too are delivered once.
 This module must not know what ``process`` does (read a unit, apply a function in a thread).
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
+from intune.pipeline.errors import StageError
+from intune.pipeline.procworker import SLOTS, ChunkTimeout, RemoteError, WorkerDied, WorkerInitError
 from intune.pipeline.stats import StageStats, WorkerStats
 
 # process(worker_index, item, stats) -> items to deliver (0..n)
@@ -132,10 +136,7 @@ class PoolRun:
                 stats.cpu_s += time.thread_time() - c0
                 stats.work_since, stats.work_item = 0.0, None
                 stats.busy_s += clock() - t1
-                stats.items += len(results)
-                for r in results:
-                    stats.rows += r.rows
-                    stats.bytes_out += r.nbytes
+                count_out(stats, results)
                 self._out.put_at(seq, results)
                 stats.held_bytes = 0
         except Stopped:
@@ -150,6 +151,14 @@ class PoolRun:
         deadline = time.monotonic() + timeout
         for thread in self.threads():
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def count_out(stats: WorkerStats, results: list[Item]) -> None:
+    """A worker's delivered items, rows and bytes, in its stats."""
+    stats.items += len(results)
+    for r in results:
+        stats.rows += r.rows
+        stats.bytes_out += r.nbytes
 
 
 def any_alive(threads: list[Any]) -> bool:
@@ -258,97 +267,12 @@ class ProcessPoolRun(PoolRun):
         self._handling = handling
 
     def _run(self, index: int) -> None:
-        from intune.pipeline.errors import StageError
-        from intune.pipeline.procworker import SLOTS, ChunkTimeout, RemoteError, WorkerDied, WorkerInitError
-
+        """The worker's thread: its loop (``_loop``), its failure reported, its child killed if the epoch
+        stopped with chunks in flight (they must not reach the next epoch)."""
         stats = self._stats.worker(index)
-        pending: deque[tuple[int, Item]] = deque()
-        worker: Any = None
-        reserved = ended = False
-        clock = time.perf_counter
+        child = ChildSlot()
         try:
-            if index < self._target():
-                worker = self._worker_for(index)
-                worker.ensure_started()
-            rescue = self._rescue
-            while not self._stop.is_set():
-                retired = index >= self._target()
-                if not pending and (retired or ended):
-                    if reserved:
-                        self._out.unreserve()
-                        reserved = False
-                    if ended and not retired and rescue is not None and not rescue.settled():
-                        rescue.wait(0.2)  # a remote worker may still give chunks back
-                    elif ended or self._park(index):
-                        return
-                    if not ended:
-                        continue
-                t0 = clock()
-                while not retired and len(pending) < SLOTS:
-                    rescued = rescue.take() if rescue is not None else None
-                    if rescued is not None:
-                        if worker is None:
-                            worker = self._worker_for(index)
-                        worker.submit(rescued[1].chunk)
-                        pending.append(rescued[:2])
-                        stats.held_bytes += rescued[1].nbytes
-                        continue
-                    if ended:
-                        break
-                    wait = 0.0 if pending else 0.2
-                    if not reserved:
-                        reserved = self._out.reserve(timeout=wait)
-                        if not reserved:
-                            break
-                    got = self._inp.get(timeout=wait)
-                    if got is TIMEOUT:
-                        break
-                    if got is END:
-                        self._input_ended()
-                        reserved, ended = False, True
-                        break
-                    reserved = False
-                    if worker is None:
-                        worker = self._worker_for(index)
-                    worker.submit(got[1].chunk)
-                    pending.append(got)
-                    stats.held_bytes += got[1].nbytes
-                t1 = clock()
-                if not pending:
-                    stats.starved_s += t1 - t0
-                    continue
-                seq, item = pending[0]
-                if stats.work_item is not item:  # progress is a delivered result: time from here
-                    stats.work_item, stats.work_since = item, t1
-                try:
-                    result, cpu = worker.collect(self._stop, self._handling.timeout_s)
-                    stats.cpu_s += cpu
-                    results = self._handling.deliver(result, item, stats)
-                except RemoteError as exc:
-                    results = self._handling.failed(item, stats, exc)
-                except ChunkTimeout:  # the hung child is gone: fail, or skip its chunk and go on
-                    results = self._handling.timed_out(item, stats)
-                    worker.drop_oldest()
-                    worker.restart()
-                except WorkerInitError as exc:  # every chunk would fail alike: no retry, no skip
-                    raise StageError(self.name, "the worker's start", str(exc), exc.remote_traceback) from exc
-                except WorkerDied as exc:
-                    stats.restarts += 1
-                    if self._stop.is_set():
-                        raise Stopped from None
-                    if worker.oldest_deaths() >= self._handling.max_attempts:
-                        raise self._handling.lost(item, exc) from None
-                    worker.restart()
-                    continue
-                pending.popleft()
-                stats.work_since, stats.work_item = 0.0, None
-                stats.held_bytes -= item.nbytes
-                stats.busy_s += clock() - t1
-                stats.items += len(results)
-                for r in results:
-                    stats.rows += r.rows
-                    stats.bytes_out += r.nbytes
-                self._out.put_at(seq, results)
+            self._loop(index, stats, child)
         except Stopped:
             return
         except BaseException as exc:  # noqa: BLE001 - reported to the consumer
@@ -356,8 +280,127 @@ class ProcessPoolRun(PoolRun):
         finally:
             stats.held_bytes = 0
             stats.work_since, stats.work_item = 0.0, None
-            if worker is not None and worker.in_flight:
-                worker.kill()  # chunks abandoned by a stopped epoch must not reach the next one
+            if child.worker is not None and child.worker.in_flight:
+                child.worker.kill()  # chunks abandoned by a stopped epoch must not reach the next one
+
+    def _loop(self, index: int, stats: WorkerStats, child: ChildSlot) -> None:
+        """Take chunks (rescued ones first) while fewer than ``SLOTS`` are in flight, then collect the
+        oldest; park while retired; stay past the input's end until the rescue is settled."""
+        pending: deque[tuple[int, Item]] = deque()
+        reserved = ended = False
+        clock = time.perf_counter
+        if index < self._target():
+            child.worker = self._worker_for(index)
+            child.worker.ensure_started()
+        rescue = self._rescue
+        while not self._stop.is_set():
+            retired = index >= self._target()
+            if not pending and (retired or ended):
+                if reserved:
+                    self._out.unreserve()
+                    reserved = False
+                if ended and not retired and rescue is not None and not rescue.settled():
+                    rescue.wait(0.2)  # a remote worker may still give chunks back
+                elif ended or self._park(index):
+                    return
+                if not ended:
+                    continue
+            t0 = clock()
+            while not retired and len(pending) < SLOTS:
+                rescued = rescue.take() if rescue is not None else None
+                if rescued is not None:
+                    self._submit(index, child, rescued[:2], pending, stats)
+                    continue
+                if ended:
+                    break
+                wait = 0.0 if pending else 0.2
+                if not reserved:
+                    reserved = self._out.reserve(timeout=wait)
+                    if not reserved:
+                        break
+                got = self._inp.get(timeout=wait)
+                if got is TIMEOUT:
+                    break
+                if got is END:
+                    self._input_ended()
+                    reserved, ended = False, True
+                    break
+                reserved = False
+                self._submit(index, child, got, pending, stats)
+            if not pending:
+                stats.starved_s += clock() - t0
+                continue
+            self._collect_oldest(index, child.worker, pending, stats)
+
+    def _submit(
+        self, index: int, child: ChildSlot, got: tuple[int, Item], pending: deque[tuple[int, Item]], stats: WorkerStats
+    ) -> None:
+        """Send ``got`` to this worker's child (made now if it has none yet) and hold it in ``pending``."""
+        if child.worker is None:
+            child.worker = self._worker_for(index)
+        child.worker.submit(got[1].chunk)
+        pending.append(got)
+        stats.held_bytes += got[1].nbytes
+
+    def _collect_oldest(
+        self, index: int, worker: Any, pending: deque[tuple[int, Item]], stats: WorkerStats
+    ) -> bool:
+        """The outcome of the oldest chunk in flight, delivered under its sequence number: its result,
+        the function's error, a timeout (the hung child is replaced) or the worker's start failing (the
+        epoch fails). A dead child is replaced and its chunks sent again (False: nothing delivered),
+        unless ``_lost`` says the chunk (or the worker) cannot go on."""
+        clock = time.perf_counter
+        handling = self._handling
+        seq, item = pending[0]
+        t1 = clock()
+        if stats.work_item is not item:  # progress is a delivered result: time from here
+            stats.work_item, stats.work_since = item, t1
+        try:
+            result, cpu = worker.collect(self._stop, handling.timeout_s)
+            stats.cpu_s += cpu
+            results = self._outcome(index, seq, item, result, stats)
+        except RemoteError as exc:
+            results = handling.failed(item, stats, exc)
+        except ChunkTimeout:  # the hung child is gone: fail, or skip its chunk and go on
+            results = handling.timed_out(item, stats)
+            worker.drop_oldest()
+            worker.restart()
+        except WorkerInitError as exc:  # every chunk would fail alike: no retry, no skip
+            raise StageError(self.name, "the worker's start", str(exc), exc.remote_traceback) from exc
+        except WorkerDied as exc:
+            stats.restarts += 1
+            if self._stop.is_set():
+                raise Stopped from None
+            self._lost(index, worker, item, exc)
+            worker.restart()
+            return False
+        pending.popleft()
+        self._collected(index)
+        stats.work_since, stats.work_item = 0.0, None
+        stats.held_bytes -= item.nbytes
+        stats.busy_s += clock() - t1
+        count_out(stats, results)
+        self._out.put_at(seq, results)
+        return True
+
+    def _outcome(self, index: int, seq: int, item: Item, result: dict, stats: WorkerStats) -> list[Item]:
+        """The items a chunk's result delivers."""
+        return self._handling.deliver(result, item, stats)
+
+    def _lost(self, index: int, worker: Any, item: Item, exc: WorkerDied) -> None:
+        """A child died on ``item``: raise to end the epoch when it may not be sent again."""
+        if worker.oldest_deaths() >= self._handling.max_attempts:
+            raise self._handling.lost(item, exc) from None
+
+    def _collected(self, index: int) -> None:
+        """The oldest chunk in flight of worker ``index`` was delivered."""
+
+
+class ChildSlot:
+    """A pool worker's child process handle, once made (``None`` before): the thread's ``finally``
+    kills it if chunks are still in flight."""
+
+    worker: Any = None
 
 
 def _unused(index: int, item: Item, stats: WorkerStats) -> list[Item]:
