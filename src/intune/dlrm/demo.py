@@ -56,7 +56,7 @@ def choose_policy(requested: str | None) -> tuple[str, str]:
         from intune.policies import DEFAULT_POLICY, make
 
         make("intune")
-        return "intune", f"the default policy ({DEFAULT_POLICY})"
+        return "intune", f"the default: {DEFAULT_POLICY}"
     except Exception as exc:  # noqa: BLE001 - any failure means: not available here
         return (
             "plumber",
