@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from _knobs import dict_knobs, kind_of
-from intune.monitor.observation import Observation, StageObservation
+from intune.monitor.observation import Observation, StageObservation, cpu_slack
 from intune.policies import make
-from intune.policies.planner import GAIN, StageCosts, fit_costs, plan_workers, with_scaling
+from intune.policies.planner import GAIN, Measured, StageCosts, fit_costs, plan_workers, with_scaling
 from intune.policies.safety import PROBE_WORKER_BYTES, SafetyLayer
 from intune.sim import Simulator, constant_schedule, run_episode, stepped_schedule
 from intune.sim.spec import spec_from_dict
@@ -259,3 +259,72 @@ def test_more_busy_computing_workers_than_cpus_is_contention_whatever_the_cpu_us
     # with 2 of them busy on those 2 CPUs, the 0.02 s past the CPU time is the tenant's: a wait
     stages[1] = _stage("udf", 0.01, wall=0.03, workers=2)
     assert fit_costs([_obs(stages, cpus=2.0)] * 4, knobs).work[1] == pytest.approx(0.03)
+
+
+SHARED_WAIT = {
+    "name": "shared-wait",
+    "batch_size": 1024,
+    "chunk_rows": 1024,
+    "bytes_per_row": 256,
+    "machine": {"cpus": 2, "memory_limit_gb": 64, "host_memory_gb": 256, "base_memory_gb": 2},
+    "consumer": {"model_latency_s": 0.0},
+    "stages": [
+        {"name": "read", "kind": "read", "cpu_us_per_row": 2.0, "io_us_per_row": 10.0},
+        # its workers wait, but on one thing they share: a second worker adds nothing
+        {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 10.0, "io_us_per_row": 20.0, "contention": 1.0},
+        {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 0.5, "max_workers": 1, "buffer": {"min": 8, "max": 1024, "default": 64}},
+    ],
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_workers_that_measure_no_better_on_a_noisy_machine_are_taken_back(seed):
+    # ticks vary by a quarter, as on a shared machine: the model, reading the wait as each worker's own,
+    # predicts that more workers pay; their measured rate says not
+    sim = Simulator(spec_from_dict(SHARED_WAIT), cpus=constant_schedule(2, 120), seed=seed, noise=0.25)
+    r = run_episode(sim, make("planner"), 120)
+    udf = np.asarray(r.knobs["udf.workers"])
+    assert udf[20:].mean() <= 2.0, udf.tolist()  # tried, and taken back
+
+
+def test_a_measured_rate_beats_another_by_the_gain_and_by_more_than_its_noise():
+    quiet, noisy, base = Measured(), Measured(), Measured()
+    base.add([100.0, 100.0, 100.0, 100.0])
+    quiet.add([110.0, 110.0, 110.0, 110.0])  # 10% up, no spread: a gain
+    assert quiet.beats(base, GAIN)
+    noisy.add([80.0, 140.0, 90.0, 130.0])  # mean 110, standard error ~14: 10 is within twice the noise
+    assert noisy.mean == pytest.approx(110.0)
+    assert noisy.stderr == pytest.approx(np.std([80, 140, 90, 130], ddof=1) / 2)
+    assert not noisy.beats(base, GAIN)
+    assert noisy.not_below(quiet) and base.not_below(noisy)
+    assert not base.not_below(quiet)  # 10 below with no spread at all
+    assert not Measured().add([104.0] * 4).beats(base, GAIN)  # 4% is under the gain however sure
+
+
+def _capped_engine(store, tick, cap_workers=2):
+    """An engine whose udf workers each look half waiting (wall = 2 x CPU on CPUs to spare), so the model
+    reads more of them as more rate, while the rate stops at ``cap_workers`` workers' worth (a limit
+    outside the stages: the consumer's process)."""
+    w = store["udf.workers"]
+    items = 50.0 * min(w, cap_workers) * (1.0 + 0.01 * ((tick * 7) % 5 - 2))  # +-2% tick to tick
+    stages = [
+        _stage("read", 0.0002, wall=0.0002, items=items),
+        _stage("udf", 0.01, wall=w / items, workers=w, items=items),
+        _stage("prefetch", 0.00005, items=items),
+    ]
+    return Observation(tick=tick, dt_s=1.0, throughput=items * 1000, step_time_s=0.0, cpus=4.0,
+                       memory_used_bytes=1e9, memory_limit_bytes=64e9, stages=tuple(stages),
+                       cpu_slack=cpu_slack(tuple(stages)))
+
+
+def test_a_jump_of_several_workers_is_checked_one_fewer_and_the_fewer_kept_if_no_worse():
+    knobs, store = dict_knobs(SPEC)
+    policy = make("planner")
+    policy.reset(knobs, _capped_engine(store, 0))
+    seen = []
+    for tick in range(60):
+        for name, value in policy.step(_capped_engine(store, tick)).items():
+            knobs[name].set(value)
+        seen.append(store["udf.workers"])
+    assert max(seen) >= 3, seen  # the model's jump: it reads the wait as each worker's own
+    assert seen[-1] == 2, seen  # one fewer measured no worse: kept (and no ceiling for a plan that paid)

@@ -20,9 +20,15 @@ gap between the plan and the consumer calls for (``prefetch_elements``, at least
 random the order is); others hold.
 
 Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
-allocation in force under the same model, or no less with fewer workers, and an allocation already
-measured at these CPUs is judged by its measurement: measurement noise alone never moves a knob. A
-change of CPUs re-plans at once on the last costs (a CPU's work per element does not change with the
+allocation in force under the same model, or no less with fewer workers. What is measured outranks what
+is predicted: an allocation already measured at these CPUs is judged by its measurement, and a plan that
+gives any stage a worker is kept only where its first fit measures it above the allocation before
+it, by more than ``CONFIDENCE_Z`` standard errors of the difference (``Measured``), else the allocation
+before comes back, and the better of the two rates is a ceiling the model plans under for
+``CEILING_TICKS`` (a limit outside the stages' costs: the consumer's process, a lock the workers share).
+The standard error comes from the tick-to-tick spread, so on a shared machine, where ticks vary by a
+third, a worker must show a larger gain to stay: measurement noise alone never adds one.
+A change of CPUs re-plans at once on the last costs (a CPU's work per element does not change with the
 CPU count) and the model is then re-fitted at the new allocation.
 
 Safety is not the planner's: every jump goes through ``SafetyLayer.admit`` (memory priced from measured
@@ -35,7 +41,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,6 +63,44 @@ STAGE_MARGIN = 1.1  # a stage left with fewer workers keeps this much capacity a
 SATURATED = 0.9  # share of the CPUs the stages must use for their workers to be descheduled
 CONTENTION_MIN_CORES = 0.1  # CPU a stage must use for its wall/CPU ratio to measure the contention
 SCALING_FITS = 8  # recent fits per stage that its scaling (cost per element over its workers) is fitted on
+CEILING_TICKS = 120  # ticks a measured ceiling holds before the model may try past it again
+CONFIDENCE_Z = 2.0  # standard errors by which one measured rate must beat another for the difference to count
+MEASURED_TICKS = 16  # the most recent ticks at an allocation that its measured rate is read from
+
+
+class Measured:
+    """Elements/s of the last ``MEASURED_TICKS`` settled ticks at one allocation: a mean and its
+    standard error, so that two allocations are compared by more than their noise."""
+
+    def __init__(self) -> None:
+        self.ticks: deque[float] = deque(maxlen=MEASURED_TICKS)
+
+    def add(self, rates: Iterable[float]) -> Measured:
+        self.ticks.extend(rates)
+        return self
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.ticks)) if self.ticks else 0.0
+
+    @property
+    def stderr(self) -> float:
+        n = len(self.ticks)
+        return float(np.std(self.ticks, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+
+    def beats(self, other: Measured, gain: float) -> bool:
+        """Above ``other`` by ``gain`` of its rate, and by more than the noise of the difference."""
+        diff = self.mean - other.mean
+        return diff >= gain * other.mean and diff > CONFIDENCE_Z * math.hypot(self.stderr, other.stderr)
+
+    def may_beat(self, other: Measured, gain: float) -> bool:
+        """Within the noise of the difference of being above ``other`` by ``gain``: not yet ruled out."""
+        diff = self.mean - other.mean
+        return diff + CONFIDENCE_Z * math.hypot(self.stderr, other.stderr) >= gain * other.mean
+
+    def not_below(self, other: Measured) -> bool:
+        """Not below ``other`` by more than the noise of the difference."""
+        return other.mean - self.mean <= CONFIDENCE_Z * math.hypot(self.stderr, other.stderr)
 
 
 @dataclass(frozen=True)
@@ -73,6 +117,9 @@ class StageCosts:
     # how much each added worker lengthens every worker's seconds per element (shared storage, memory
     # bandwidth, a lock): ``work`` is then the cost at no workers, ``work + slope * w`` at ``w``
     slope: tuple[float, ...] = ()
+    # a limit the stages' costs do not explain (the consumer's process, a lock the stages share): the
+    # rate measured where workers were added on the model's word and nothing came of them
+    ceiling: float = math.inf
 
     def stage_rate(self, i: int, workers: int) -> float:
         """Elements/s that ``workers`` workers of stage ``i`` deliver: ``w / (work + slope * w)``."""
@@ -92,7 +139,7 @@ class StageCosts:
         rates = [self.stage_rate(i, a) for i, a in enumerate(alloc) if self.work[i] > 0]
         cpu_total = sum(self.cpu_work)
         cap = cpus / cpu_total if cpu_total > 0 else math.inf
-        return min(min(rates, default=math.inf), cap)
+        return min(min(rates, default=math.inf), cap, self.ceiling)
 
 
 @dataclass(frozen=True)
@@ -208,8 +255,21 @@ def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extr
     lean = []
     for i in range(len(alloc)):
         need = costs.workers_for(i, goal * STAGE_MARGIN) if costs.work[i] > 0 else 0.0
+        if not math.isfinite(need):  # the margin is past the stage's ceiling: the fewest that carry the goal
+            need = costs.workers_for(i, goal)
         lean.append(max(lo[i], min(alloc[i], math.ceil(need - 1e-9) if math.isfinite(need) else alloc[i])))
     return Plan(dict(zip(costs.names, lean, strict=True)), costs.rate(lean, cpus), cpus)
+
+
+class Probe(NamedTuple):
+    """An allocation on trial for one fit: kept where it measures ``GAIN`` above the one before."""
+
+    before: tuple[int, ...]
+    tried: tuple[int, ...]
+    restore: Plan  # the plan in force again if the tried allocation does not pay
+    move: bool  # a move tried on top of the plan (``try_move``), not a plan of the planner's own
+    down: bool = False  # one worker fewer than a jump reached: kept unless it measures below
+    check_down: int | None = None  # the stage to try at one fewer after this probe if it goes back
 
 
 @with_remote_placement  # remote knobs: the shared sizing rule (docs/remote_tuning.md)
@@ -232,9 +292,11 @@ class PlannerPolicy:
         self._last_values: list[int] | None = None
         self.costs: StageCosts | None = None
         self._seen: dict[str, deque[tuple[int, float]]] = {}  # stage -> (workers, cost per element) of recent fits
-        self._tried: dict[tuple[int, ...], float] = {}  # allocation -> elements/s measured there, at these CPUs
-        self._probe: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (allocation before, allocation tried)
+        self._tried: dict[tuple[int, ...], Measured] = {}  # allocation -> elements/s measured there, at these CPUs
+        self._probe: Probe | None = None
+        self._check_down: int | None = None  # the stage a kept jump gave several workers: tried at one fewer
         self.probes_kept = 0
+        self._ceiling, self._ceiling_until = math.inf, 0  # ``StageCosts.ceiling`` and the tick it ends
         self.plan = None
         self.plans = 0
         self._target = {n: k.value for n, k in self.knobs.items()}
@@ -253,17 +315,21 @@ class PlannerPolicy:
         if self.plan is not None and obs.cpus != self.plan.cpus and self.costs is not None:
             self._tried.clear()
             self._probe = None
+            self._ceiling = math.inf
+            self.costs = replace(self.costs, ceiling=math.inf)
             self._adopt(self._new_plan(obs, self.costs), obs)
         elif len(self._window) >= PROFILE_TICKS:
             costs = fit_costs(list(self._window), self.knobs)
-            measured = sum(o.stages[-1].items_per_s for o in self._window) / len(self._window)
+            rates = [o.stages[-1].items_per_s for o in self._window]
             self._window.clear()
             if costs is not None:
                 for name, work in zip(costs.names, costs.work, strict=True):
                     w = self.knobs[f"{name}.workers"].value
                     self._seen.setdefault(name, deque(maxlen=SCALING_FITS)).append((w, work))
-                costs = self.costs = with_scaling(costs, self._seen)
-                self._tried[self._allocation(costs.names)] = measured
+                if obs.tick >= self._ceiling_until:
+                    self._ceiling = math.inf
+                costs = self.costs = replace(with_scaling(costs, self._seen), ceiling=self._ceiling)
+                self._tried.setdefault(self._allocation(costs.names), Measured()).add(rates)
                 self._review(obs, costs)
         return self.request(obs, values)
 
@@ -295,21 +361,31 @@ class PlannerPolicy:
         allocation already measured at these CPUs is judged by what was measured there, not predicted:
         a model re-fitted on noise may favour a neighbour that was just measured no better."""
         current = self._allocation(costs.names)
-        if self._probe is not None and self._judge_probe(current, costs.names):
+        if self._probe is not None and self._judge_probe(current, costs.names, obs.tick):
             return
         new = self._new_plan(obs, costs)
         now = costs.rate(current, float(obs.cpus))
-        fewer = sum(new.workers.values()) < sum(current) and new.theta >= now
+        fewer = sum(new.workers.values()) < sum(current) and new.theta >= NEAR_BEST * now
         planned = tuple(new.workers[n] for n in costs.names)
         if planned in self._tried and current in self._tried:
-            pays = self._tried[planned] >= (1.0 + GAIN) * self._tried[current]
-            fewer = fewer and self._tried[planned] >= self._tried[current]
+            pays = self._tried[planned].beats(self._tried[current], GAIN)
+            fewer = fewer and self._tried[planned].not_below(self._tried[current])
         else:
             pays = new.theta >= (1.0 + GAIN) * now
+        in_force = Plan(dict(zip(costs.names, current, strict=True)), now, float(obs.cpus))
+        self._check_down, check_down = None, self._check_down
         if self.plan is None or pays or fewer:
             self._adopt(new, obs)
+            if current in self._tried and any(p > c for p, c in zip(planned, current, strict=True)):
+                # a worker added stays only where it pays; a plan of fewer workers, unless it measures below
+                self._probe = Probe(current, planned, in_force, move=False, down=not pays, check_down=check_down)
         else:
-            self.plan = Plan(dict(zip(costs.names, current, strict=True)), now, float(obs.cpus))
+            self.plan = in_force
+            if check_down is not None and current[check_down] > self.knobs[f"{costs.names[check_down]}.workers"].min:
+                # a jump of several workers skipped counts never measured: one fewer must measure below to lose
+                fewer_one = tuple(w - (i == check_down) for i, w in enumerate(current))
+                self._probe = Probe(current, fewer_one, in_force, move=False, down=True)
+                self._target[f"{costs.names[check_down]}.workers"] = fewer_one[check_down]
 
     # -- moves tried on top of the plan (a learning part's proposals) --------------------------------
     def settled(self) -> bool:
@@ -321,27 +397,54 @@ class PlannerPolicy:
         """Drive ``knob`` (a ``workers`` knob) to ``value`` for one fit; the next fit keeps it only where
         its measured rate beats the allocation before by ``GAIN``, else the plan comes back."""
         assert self.costs is not None
+        assert self.plan is not None
         before = self._allocation(self.costs.names)
         self._target[knob] = value
         tried = tuple(value if f"{n}.workers" == knob else w for n, w in zip(self.costs.names, before, strict=True))
-        self._probe = (before, tried)
+        self._probe = Probe(before, tried, self.plan, move=True)
 
-    def _judge_probe(self, current: tuple[int, ...], names: Sequence[str]) -> bool:
-        """After a tried move's fit: keep it or go back (``try_move``). True when it was judged."""
+    def _judge_probe(self, current: tuple[int, ...], names: Sequence[str], tick: int) -> bool:
+        """After a fit of a tried move or of a plan that adds a worker: keep a move where it measures ``GAIN``
+        above the allocation before, a plan where it measures above it at all (``Measured.beats``: by more
+        than the noise), one worker fewer unless it measures below (``Measured.not_below``); go back where
+        that is ruled out, or still not shown after ``MEASURED_TICKS``; in between, measure another fit. A
+        plan whose workers bring nothing shows a limit the model does not hold: the better of the two
+        measured rates is its ``ceiling`` for ``CEILING_TICKS``. A plan that paid after a jump of several
+        workers on a stage has that stage tried at one fewer once the model plans no further. True when it
+        decided the allocation (a plan that paid leaves the re-plan to the re-fitted model)."""
         assert self._probe is not None
-        before, tried = self._probe
-        if current != tried:  # not reached yet (memory held it back) or the machine changed: drop it
-            self._probe = None
+        probe, self._probe = self._probe, None
+        if current != probe.tried:  # not reached (memory held it back) or the machine changed: not judged
             return False
-        self._probe = None
-        if before in self._tried and self._tried[current] >= (1.0 + GAIN) * self._tried[before]:
-            self.probes_kept += 1
-            assert self.plan is not None
-            self.plan = Plan(dict(zip(names, current, strict=True)), self.plan.theta, self.plan.cpus)
+        # a move on top of the plan must earn ``GAIN``; a plan of the model's, that its workers bring something
+        gain = GAIN if probe.move else 0.0
+        if probe.before not in self._tried:
+            paid = False
+        elif probe.down:
+            paid = self._tried[current].not_below(self._tried[probe.before])
         else:
-            for n, w in zip(names, before, strict=True):
+            tried, before = self._tried[current], self._tried[probe.before]
+            paid = tried.beats(before, gain)
+            if not paid and tried.may_beat(before, GAIN) and len(tried.ticks) < MEASURED_TICKS:
+                self._probe = probe  # neither shown nor ruled out: measured for another fit
+                return True
+        if not paid:
+            self.plan = probe.restore
+            self._check_down = probe.check_down
+            if not probe.move and not probe.down and probe.before in self._tried:
+                self._ceiling = max(self._tried[current].mean, self._tried[probe.before].mean)
+                self._ceiling_until = tick + CEILING_TICKS
+            for n, w in zip(names, probe.before, strict=True):
                 self._target[f"{n}.workers"] = w
-        return True
+            return True
+        if probe.down or probe.move:
+            self.probes_kept += probe.move
+            self.plan = Plan(dict(zip(names, current, strict=True)), probe.restore.theta, probe.restore.cpus)
+            return True
+        grown = [t - b for t, b in zip(probe.tried, probe.before, strict=True)]
+        if max(grown) >= 2:
+            self._check_down = grown.index(max(grown))
+        return False  # the plan paid: the model, re-fitted there, may plan further at once
 
     def _adopt(self, plan: Plan, obs: Observation) -> None:
         self.plan = plan
