@@ -12,7 +12,7 @@ in a fresh pytest process from a temporary folder:
 
 ``--reference PATH`` takes the ``torch`` run from the JSON an earlier ``--modes torch --json PATH`` wrote
 (torch's outcomes do not depend on intune, and that run is the longest), checked to be of the same
-peer file; the report names it.
+peer file; the report names it. It is read after intune's runs, so both may run at once.
 
 It reports the counts of each run and every test that passes with torch but not with intune, with the
 first line of its failure and the private attributes of torch's it reads, which intune does not
@@ -251,25 +251,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"intune bench dataloader-suite: --peer {args.peer}: no such file", file=sys.stderr)
         return 2
     digest = peer_digest(Path(args.peer).read_text())
+    if args.reference and "torch" in modes:
+        print("intune bench dataloader-suite: --reference replaces the torch run; drop torch from --modes",
+              file=sys.stderr)
+        return 2
     results = []
-    referenced = None
-    if args.reference:
-        if "torch" in modes:
-            print("intune bench dataloader-suite: --reference replaces the torch run; drop torch from --modes",
-                  file=sys.stderr)
-            return 2
-        try:
-            reference_run, when = load_reference(args.reference, digest)
-        except ValueError as exc:
-            print(f"intune bench dataloader-suite: {exc}", file=sys.stderr)
-            return 2
-        results.append(reference_run)
-        referenced = f"The `torch` run is the one `{args.reference}` holds (run {when})."
     with tempfile.TemporaryDirectory(prefix="intune-dataloader-suite-") as folder:
         for mode in modes:
             got = run_mode(args.peer, mode, Path(folder), args.timeout, args.path, args.select)
             results.append(got)
             print(f"{mode}: {counts(got['tests'])} in {got['seconds']:.0f} s", flush=True)
+    referenced = None
+    if args.reference:  # read after the runs: the torch run it holds may be written meanwhile
+        try:
+            reference_run, when = load_reference(args.reference, digest)
+        except ValueError as exc:
+            print(f"intune bench dataloader-suite: {exc}", file=sys.stderr)
+            return 2
+        results.insert(0, reference_run)
+        referenced = f"The `torch` run is the one `{args.reference}` holds (run {when})."
     summary = [{"run": r["mode"], **counts(r["tests"]), "seconds": round(r["seconds"])} for r in results]
     reference = next((r["tests"] for r in results if r["mode"] == "torch"), None)
     reads = private_reads(Path(args.peer).read_text())
