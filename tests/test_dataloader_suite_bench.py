@@ -103,3 +103,22 @@ def test_the_report_names_what_passes_with_torch_only(tmp_path: Path) -> None:
     assert short["TestSmall.test_batches"]["reads torch's private attribute"] == ""
     text = md.read_text()
     assert "Pass with torch, not with intune (off)" in text and "_auto_collation" in text
+
+
+def test_a_reference_torch_run_stands_in_for_the_torch_mode_and_must_be_of_the_same_file(tmp_path: Path) -> None:
+    peer = tmp_path / "peer.py"
+    peer.write_text(PEER)
+    ref = tmp_path / "torch.json"
+    assert cli.main(["bench", "dataloader-suite", "--peer", str(peer), "--modes", "torch", "--json", str(ref)]) == 0
+    md, js = tmp_path / "suite.md", tmp_path / "suite.json"
+    argv = ["bench", "dataloader-suite", "--peer", str(peer), "--modes", "off", "--reference", str(ref)]
+    assert cli.main([*argv, "--md", str(md), "--json", str(js)]) == 0
+    data = json.loads(js.read_text())
+    assert [r["run"] for r in data["results"]] == ["torch", "off"]
+    assert {r["test"] for r in data["shortfalls"]["off"]} == {"TestSmall.test_batches", "TestSmall.test_private"}
+    assert f"The `torch` run is the one `{ref}` holds" in md.read_text()
+    # the reference replaces the torch mode, and must hold a run of this very peer file
+    assert cli.main([*argv[:5], "torch,off", *argv[6:]]) == 2
+    peer.write_text(PEER + "\n# another file\n")
+    assert cli.main(argv) == 2
+    assert cli.main([*argv[:-1], str(js.with_name("missing.json"))]) == 2

@@ -10,6 +10,10 @@ in a fresh pytest process from a temporary folder:
   code the file runs in subprocesses;
 - ``on``: every ``DataLoader`` is ``intune.DataLoader`` itself (tuned by default).
 
+``--reference PATH`` takes the ``torch`` run from the JSON an earlier ``--modes torch --json PATH`` wrote
+(torch's outcomes do not depend on intune, and that run is the longest), checked to be of the same
+peer file; the report names it. It is read after intune's runs, so both may run at once.
+
 It reports the counts of each run and every test that passes with torch but not with intune, with the
 first line of its failure and the private attributes of torch's it reads, which intune does not
 mimic: the name in an ``AttributeError`` on a name starting with ``_``, and the names starting with
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -71,8 +77,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", action="append", default=[], metavar="DIR",
                         help="a folder added to the runs' PYTHONPATH (e.g. one holding expecttest); repeatable")
     parser.add_argument("-k", dest="select", default=None, help="only the tests pytest's -k selects")
+    parser.add_argument("--reference", metavar="PATH",
+                        help="the torch run from the JSON an earlier `--modes torch --json PATH` wrote (same peer file)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument("--md", metavar="PATH", help="write the report as Markdown, with command, date and machine")
+
+
+def read_files(args: argparse.Namespace) -> list[str]:
+    """The files the command reads that the tree holds (``--reference``; the peer file is kept outside)."""
+    return [args.reference] if args.reference else []
 
 
 def swap(text: str, mode: str) -> str:
@@ -205,6 +218,29 @@ def private_reads(text: str) -> dict[str, list[str]]:
     return result
 
 
+def peer_digest(text: str) -> str:
+    """The peer file's identity in a results file (its sha256), so a reference run is of the same file."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_reference(path: str, digest: str) -> tuple[dict[str, Any], str]:
+    """The ``torch`` run (its summary row plus ``tests``) from an earlier run's JSON, and when it ran.
+
+    Raises ``ValueError`` naming the file when it holds no torch run or one of another peer file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--reference {path}: not a results file of `bench dataloader-suite` ({exc})") from None
+    tests = data.get("tests", {}).get("torch") if isinstance(data, dict) else None
+    row = next((r for r in data.get("results", []) if r.get("run") == "torch"), None) if tests else None
+    if not tests or row is None:
+        raise ValueError(f"--reference {path}: holds no torch run (write one with --modes torch --json {path})")
+    if data.get("peer_sha256") != digest:
+        raise ValueError(f"--reference {path}: its torch run is of another peer file (sha256 differs)")
+    when = str(data.get("machine", {}).get("time_utc", "an earlier run"))
+    return {"mode": "torch", "seconds": row.get("seconds", 0), "tests": tests}, when
+
+
 def run(args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -214,12 +250,26 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.peer).is_file():
         print(f"intune bench dataloader-suite: --peer {args.peer}: no such file", file=sys.stderr)
         return 2
+    digest = peer_digest(Path(args.peer).read_text())
+    if args.reference and "torch" in modes:
+        print("intune bench dataloader-suite: --reference replaces the torch run; drop torch from --modes",
+              file=sys.stderr)
+        return 2
     results = []
     with tempfile.TemporaryDirectory(prefix="intune-dataloader-suite-") as folder:
         for mode in modes:
             got = run_mode(args.peer, mode, Path(folder), args.timeout, args.path, args.select)
             results.append(got)
             print(f"{mode}: {counts(got['tests'])} in {got['seconds']:.0f} s", flush=True)
+    referenced = None
+    if args.reference:  # read after the runs: the torch run it holds may be written meanwhile
+        try:
+            reference_run, when = load_reference(args.reference, digest)
+        except ValueError as exc:
+            print(f"intune bench dataloader-suite: {exc}", file=sys.stderr)
+            return 2
+        results.insert(0, reference_run)
+        referenced = f"The `torch` run is the one `{args.reference}` holds (run {when})."
     summary = [{"run": r["mode"], **counts(r["tests"]), "seconds": round(r["seconds"])} for r in results]
     reference = next((r["tests"] for r in results if r["mode"] == "torch"), None)
     reads = private_reads(Path(args.peer).read_text())
@@ -233,14 +283,20 @@ def run(args: argparse.Namespace) -> int:
             print(format_table(rows, ["test", "outcome", "reads torch's private attribute"]))
     command = md_report.command_line(("bench", "dataloader-suite"))
     if args.json:
-        write_json(args.json, summary, peer=os.path.basename(args.peer), shortfalls=short,
+        write_json(args.json, summary, peer=os.path.basename(args.peer), peer_sha256=digest, shortfalls=short,
                    tests={r["mode"]: r["tests"] for r in results})
     if args.md:
-        print(f"wrote {md_report.write(args.md, report(command, summary, short, args.timeout))}")
+        print(f"wrote {md_report.write(args.md, report(command, summary, short, args.timeout, referenced))}")
     return 0
 
 
-def report(command: str, summary: list[dict[str, Any]], short: dict[str, list[dict[str, str]]], timeout: int) -> str:
+def report(
+    command: str,
+    summary: list[dict[str, Any]],
+    short: dict[str, list[dict[str, str]]],
+    timeout: int,
+    referenced: str | None = None,
+) -> str:
     """The Markdown report: the runs' counts, then per intune run the tests torch passes and it does not."""
     context = [
         "PyTorch's own `test/test_dataloader.py`, run unchanged (`torch`) and with every `DataLoader` it uses made",
@@ -249,6 +305,7 @@ def report(command: str, summary: list[dict[str, Any]], short: dict[str, list[di
         "with `_`, such as an iterator's `_workers`: named by its failure, or found in the test's code and the",
         "functions it names, defined neither by the test file nor by intune.DataLoader) has them in its column:",
         "intune does not mimic them.",
+        *([referenced] if referenced else []),
         md_report.load_line(),
     ]
     columns = ["test", "outcome", "reads torch's private attribute", "message"]
