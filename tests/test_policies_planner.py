@@ -142,19 +142,24 @@ def test_a_buffer_the_memory_cuts_is_cut_whatever_the_target():
     assert out[3] < 4096 and out[3] == safety.trim(obs, [1, 1, 1, 4096])[3]
 
 
-TWO_STAGES = {
-    "name": "two-stages",
-    "batch_size": 1024,
-    "chunk_rows": 1024,
-    "bytes_per_row": 256,
-    "machine": {"cpus": 8, "memory_limit_gb": 64, "host_memory_gb": 256, "base_memory_gb": 2},
-    "consumer": {"model_latency_s": 0.0},
-    "stages": [
-        {"name": "read", "kind": "read", "cpu_us_per_row": 5.0, "io_us_per_row": 15.0},
-        {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 20.0},
-        {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 0.5, "max_workers": 1, "buffer": {"min": 8, "max": 1024, "default": 64}},
-    ],
-}
+def _three_stages(name, cpus, read, udf):
+    """A simulated read -> udf (process workers) -> prefetch pipeline; ``read``/``udf``: stage fields."""
+    return {
+        "name": name,
+        "batch_size": 1024,
+        "chunk_rows": 1024,
+        "bytes_per_row": 256,
+        "machine": {"cpus": cpus, "memory_limit_gb": 64, "host_memory_gb": 256, "base_memory_gb": 2},
+        "consumer": {"model_latency_s": 0.0},
+        "stages": [
+            {"name": "read", "kind": "read", **read},
+            {"name": "udf", "kind": "udf", "mode": "process", **udf},
+            {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 0.5, "max_workers": 1, "buffer": {"min": 8, "max": 1024, "default": 64}},
+        ],
+    }
+
+
+TWO_STAGES = _three_stages("two-stages", 8, {"cpu_us_per_row": 5.0, "io_us_per_row": 15.0}, {"cpu_us_per_row": 20.0})
 
 
 def test_re_plans_at_once_when_the_cpus_change():
@@ -261,20 +266,9 @@ def test_more_busy_computing_workers_than_cpus_is_contention_whatever_the_cpu_us
     assert fit_costs([_obs(stages, cpus=2.0)] * 4, knobs).work[1] == pytest.approx(0.03)
 
 
-SHARED_WAIT = {
-    "name": "shared-wait",
-    "batch_size": 1024,
-    "chunk_rows": 1024,
-    "bytes_per_row": 256,
-    "machine": {"cpus": 2, "memory_limit_gb": 64, "host_memory_gb": 256, "base_memory_gb": 2},
-    "consumer": {"model_latency_s": 0.0},
-    "stages": [
-        {"name": "read", "kind": "read", "cpu_us_per_row": 2.0, "io_us_per_row": 10.0},
-        # its workers wait, but on one thing they share: a second worker adds nothing
-        {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 10.0, "io_us_per_row": 20.0, "contention": 1.0},
-        {"name": "prefetch", "kind": "prefetch", "cpu_us_per_row": 0.5, "max_workers": 1, "buffer": {"min": 8, "max": 1024, "default": 64}},
-    ],
-}
+# its UDF workers wait, but on one thing they share: a second worker adds nothing
+SHARED_WAIT = _three_stages("shared-wait", 2, {"cpu_us_per_row": 2.0, "io_us_per_row": 10.0},
+                            {"cpu_us_per_row": 10.0, "io_us_per_row": 20.0, "contention": 1.0})
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

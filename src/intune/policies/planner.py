@@ -20,14 +20,15 @@ gap between the plan and the consumer calls for (``prefetch_elements``, at least
 random the order is); others hold.
 
 Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
-allocation in force under the same model, or no less with fewer workers. What is measured outranks what
-is predicted: an allocation already measured at these CPUs is judged by its measurement, and a plan that
-gives any stage a worker is kept only where its first fit measures it above the allocation before
-it, by more than ``CONFIDENCE_Z`` standard errors of the difference (``Measured``), else the allocation
-before comes back, and the better of the two rates is a ceiling the model plans under for
-``CEILING_TICKS`` (a limit outside the stages' costs: the consumer's process, a lock the workers share).
-The standard error comes from the tick-to-tick spread, so on a shared machine, where ticks vary by a
-third, a worker must show a larger gain to stay: measurement noise alone never adds one.
+allocation in force under the same model, or, with fewer workers, at least ``NEAR_BEST`` of it. What is
+measured outranks what is predicted: an allocation already measured at these CPUs is judged by its
+measurement, and a plan that gives any stage a worker is kept only where it measures above the
+allocation before it by more than ``CONFIDENCE_Z`` standard errors of the difference (``Measured``;
+another fit while neither shown nor ruled out, ``MEASURED_TICKS`` at most), else the allocation before
+comes back and the better of the two rates is a ceiling the model plans under for ``CEILING_TICKS`` (a
+limit outside the stages' costs: the consumer's process, a lock the workers share). The standard error
+comes from the tick-to-tick spread, so on a shared machine, where ticks vary by a third, a worker must
+show a larger gain to stay: measurement noise alone never adds one.
 A change of CPUs re-plans at once on the last costs (a CPU's work per element does not change with the
 CPU count) and the model is then re-fitted at the new allocation.
 
@@ -88,19 +89,22 @@ class Measured:
         n = len(self.ticks)
         return float(np.std(self.ticks, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
 
+    def noise(self, other: Measured) -> float:
+        """``CONFIDENCE_Z`` standard errors of the difference between this rate and ``other``."""
+        return CONFIDENCE_Z * math.hypot(self.stderr, other.stderr)
+
     def beats(self, other: Measured, gain: float) -> bool:
         """Above ``other`` by ``gain`` of its rate, and by more than the noise of the difference."""
         diff = self.mean - other.mean
-        return diff >= gain * other.mean and diff > CONFIDENCE_Z * math.hypot(self.stderr, other.stderr)
+        return diff >= gain * other.mean and diff > self.noise(other)
 
     def may_beat(self, other: Measured, gain: float) -> bool:
         """Within the noise of the difference of being above ``other`` by ``gain``: not yet ruled out."""
-        diff = self.mean - other.mean
-        return diff + CONFIDENCE_Z * math.hypot(self.stderr, other.stderr) >= gain * other.mean
+        return self.mean - other.mean + self.noise(other) >= gain * other.mean
 
     def not_below(self, other: Measured) -> bool:
         """Not below ``other`` by more than the noise of the difference."""
-        return other.mean - self.mean <= CONFIDENCE_Z * math.hypot(self.stderr, other.stderr)
+        return other.mean - self.mean <= self.noise(other)
 
 
 @dataclass(frozen=True)
@@ -262,7 +266,7 @@ def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extr
 
 
 class Probe(NamedTuple):
-    """An allocation on trial for one fit: kept where it measures ``GAIN`` above the one before."""
+    """An allocation on trial until its measurement decides it against the one before (``_judge_probe``)."""
 
     before: tuple[int, ...]
     tried: tuple[int, ...]
