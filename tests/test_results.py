@@ -40,3 +40,23 @@ def test_results_files_keep_six_significant_digits_and_every_other_value() -> No
     assert row == {"rate": 123457.0, "share": 0.123457, "xs": [0.0, 0.333333, 0.666667], "n": 7, "ok": True,
                    "none": None, "nested": {"t": [1.0, 2]}}
     assert isinstance(row["n"], int) and isinstance(row["nested"]["t"][1], int)
+
+
+def test_a_saved_figure_is_a_palette_png_whose_lines_keep_their_colours(tmp_path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from intune.results import save_figure
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 1], color="#d62728", lw=6)
+    ax.plot([0, 1], [1, 0], color="#1f77b4", lw=6)
+    out = save_figure(fig, tmp_path / "sub" / "f.png", dpi=50)
+    image = Image.open(out)
+    assert image.mode == "P"
+    assert image.size == (200, 150)
+    colours = {c for _, c in image.convert("RGB").getcolors(maxcolors=4096)}
+    assert (0xD6, 0x27, 0x28) in colours and (0x1F, 0x77, 0xB4) in colours

@@ -98,13 +98,27 @@ def _jsonable(value: Any) -> Any:
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> Path:
-    """Lay out ``fig``, write it to ``path`` (creating the folder) and release it; return the path."""
+    """Lay out ``fig``, write it to ``path`` (creating the folder) and release it; return the path.
+
+    A PNG is written with a 256-colour palette: line plots use a few dozen colours, so the palette
+    loses nothing visible and the committed figures take a third of the bytes of 32-bit ones.
+    """
+    import io
+
     import matplotlib.pyplot as plt
+    from PIL import Image
 
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi)
+    if out.suffix.lower() == ".png":
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=dpi, format="png")
+        image = Image.open(buf).convert("RGB")
+        palette = image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        palette.save(out, format="PNG", optimize=True)
+    else:
+        fig.savefig(out, dpi=dpi)
     plt.close(fig)
     return out
 

@@ -14,6 +14,14 @@ import numpy as np
 from intune.results import save_figure
 
 
+def _line_style(i: int) -> dict[str, Any]:
+    """The i-th policy's colour and dash: ten colours, then the same ten dashed, so 20 lines differ."""
+    import matplotlib
+
+    colors = matplotlib.colormaps["tab10"].colors
+    return {"color": colors[i % len(colors)], "ls": "-" if i < len(colors) else "--"}
+
+
 def _smooth(x: np.ndarray, k: int) -> np.ndarray:
     if k <= 1 or len(x) < k:
         return x
@@ -31,8 +39,10 @@ def plot_figure7(path: str | Path, traces: dict[str, dict[str, Any]]) -> Path:
     for ax, (workload, runs) in zip(axes[:, 0], traces.items(), strict=True):
         none = runs.get("none")
         scale = float(none.throughput.mean()) if none is not None else 1.0
-        for name, r in runs.items():
-            ax.plot(np.arange(1, r.ticks + 1), _smooth(r.throughput / scale, 9), label=name, lw=1.2)
+        for i, (name, r) in enumerate(runs.items()):
+            ax.plot(
+                np.arange(1, r.ticks + 1), _smooth(r.throughput / scale, 9), label=name, lw=1.2, **_line_style(i)
+            )
         any_run = next(iter(runs.values()), None)
         if any_run is not None:
             ax2 = ax.twinx()
@@ -57,14 +67,14 @@ def plot_figure8(path: str | Path, panels: dict[str, list[dict[str, Any]]]) -> P
         if not rows:
             continue
         param = rows[0]["param"]
-        for name in dict.fromkeys(r["policy"] for r in rows):
+        for i, name in enumerate(dict.fromkeys(r["policy"] for r in rows)):
             pts = sorted(
                 (r["value"], r["autotune_ratio"])
                 for r in rows
                 if r["policy"] == name and r["autotune_ratio"] is not None
             )
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=name, lw=1.2)
+                ax.plot(*zip(*pts, strict=True), marker="o", label=name, lw=1.2, **_line_style(i))
         if param in ("cpus", "batch_size"):
             ax.set_xscale("log", base=2)
         ax.set_title(f"{panel}: by {param}")
