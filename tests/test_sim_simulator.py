@@ -192,3 +192,61 @@ def test_step_fast_path_agrees_with_the_pure_model():
         sim.step()
         if sim.last_model_throughput > 0:  # not stalled, not killed
             assert sim.last_model_throughput == pytest.approx(sim.true_throughput())
+
+
+def _tune_pipeline(read: int, udf: int, **kw) -> Simulator:
+    """bench tune's pipeline simulated on 2 CPUs at ``read`` / ``udf`` workers, noise off."""
+    from intune.bench.tune_workload import simulated_spec
+
+    sim = Simulator(simulated_spec(), cpus=2, seed=0, noise=0.0, **kw)
+    sim.reset()
+    sim.knobs["read.workers"].set(read)
+    sim.knobs["udf.workers"].set(udf)
+    return sim
+
+
+def _settled(sim: Simulator, ticks: int = 30) -> Observation:
+    for _ in range(ticks):
+        obs = sim.step()
+    return obs
+
+
+def test_on_saturated_cpus_the_busiest_stage_reads_busy_and_no_worker_uses_more_cpu_than_its_time():
+    # 2 readers and 3 UDF workers on 2 CPUs: CPU-bound. The engine counts a worker waiting for a CPU as
+    # busy, so the UDF's three read busy 1.0, each at a share of a CPU below 1
+    udf = _settled(_tune_pipeline(2, 3)).stage("udf")
+    assert udf.busy == pytest.approx(1.0, abs=0.02)
+    assert 0.5 < udf.cpu_share < 0.75  # two CPUs shared by three busy workers (and a little for the rest)
+    obs = _settled(_tune_pipeline(2, 3))
+    assert all(s.cpu_share is None or s.cpu_share <= 1.0 + 1e-9 for s in obs.stages)
+
+
+def test_workers_that_a_slower_trainer_holds_back_are_not_busy_on_oversubscribed_cpus():
+    # the same workers, but the trainer takes half of what the CPUs make: nobody waits for a CPU, the
+    # UDF's workers wait for the trainer (the engine counts that as blocked, not busy)
+    free = _settled(_tune_pipeline(2, 3))
+    latency = 2.0 * _tune_pipeline(2, 3).spec.batch_size / free.throughput
+    held = _settled(_tune_pipeline(2, 3, model_latency_s=latency))
+    assert held.throughput == pytest.approx(free.throughput / 2, rel=0.05)
+    assert held.stage("udf").busy < 0.75
+
+
+def test_local_workers_beside_a_remote_pool_read_busy_on_saturated_cpus():
+    # 6 local UDF workers on 4 CPUs with 4 remote ones taking part of the rows: the local workers, all
+    # runnable, read busy as the engine counts them; the remote pool's rows are not theirs
+    spec = spec_from_dict({
+        "name": "remote-busy", "batch_size": 1024, "chunk_rows": 1024, "bytes_per_row": 200,
+        "machine": {"cpus": 4, "memory_limit_gb": 64, "host_memory_gb": 128, "base_memory_gb": 2},
+        "stages": [
+            {"name": "read", "kind": "read", "cpu_us_per_row": 0.5},
+            {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": 30.0, "worker_mb": 100,
+             "remote": {"nodes": 1, "cpus_per_node": 8, "bandwidth_mb_s": 1000.0, "latency_ms": 2.0}},
+            {"name": "batch", "kind": "batch", "cpu_us_per_row": 0.5},
+        ],
+    })
+    sim = Simulator(spec, cpus=4, seed=0, noise=0.0)
+    sim.reset()
+    sim.knobs["udf.workers"].set(6)
+    sim.knobs["udf.remote_workers"].set(4)
+    udf = _settled(sim).stage("udf")
+    assert udf.remote_workers == 4 and udf.busy == pytest.approx(1.0, abs=0.02)

@@ -278,6 +278,21 @@ class Simulator:
         self._irregular = _IrregularItems(spec, self.params, seed) if irregular else None
         self.reset()
 
+    def _busy_caps(self, rows: np.ndarray, c: np.ndarray, io: np.ndarray) -> np.ndarray:
+        """Each stage's rows/s if its workers were busy all the time, on saturated CPUs where each
+        stage's local workers process ``rows`` rows/s (a remote pool's rows are not theirs).
+
+        A busy worker (in its function, as the engine counts it) either runs, waits for I/O or waits for
+        a CPU; every runnable worker gets the same share ``s`` of a CPU. The share is the one at which
+        the stage that needs the most CPU for its workers is busy all the time (rows (c/s + io) = its
+        effective workers), so its workers read busy 1.0 as the engine's do, and the others less."""
+        room = np.maximum(self._eff - rows * io, 1e-12)
+        share = min(1.0, float(np.max(rows * c / room)))
+        if share <= 0.0:  # nothing flows (or nothing costs CPU): no worker is busy, at any share
+            share = 1.0
+        caps = self._eff / (c / share + io)
+        return self._gil_cap(caps, c, share) if self._gil_stages else caps
+
     def _gil_cap(self, caps: np.ndarray, c: np.ndarray, share: float) -> np.ndarray:
         """A GIL-bound thread stage makes at most ``share / (gil * c)`` rows/s (model.stage_capacity)."""
         return np.minimum(caps, share * self._inv_gil / c)
@@ -534,6 +549,11 @@ class Simulator:
             busy = np.minimum(1.0, flow * m_time / caps)
         else:
             realised = float(T * z[0])
+            if t_cpu < t_stage and T >= t_cpu:  # as the engine counts it: a worker waiting for a CPU is busy
+                rows = np.full(p.n_stages, T)  # (not where the trainer takes less than the CPUs make)
+                if pool is not None:
+                    rows[pool.stage] = max(0.0, T - float(remote[pool.stage]))
+                caps = self._busy_caps(rows, c, p.io_s_per_row)
             busy = np.minimum(1.0, T / caps)
         idle = 1.0 - busy
         queue_fill = np.minimum(self._buffered / self._cap_bytes, 1.0)  # a buffer just shrunk holds more until it drains
@@ -551,6 +571,7 @@ class Simulator:
             cpu_item = cpu_item * m_cpu
             wall_item = wall_item * m_time
             bytes_item = bytes_item * m_bytes
+        cpu_item = np.minimum(cpu_item, wall_item)  # one worker never spends more CPU than its busy time
         if pool is not None:  # the stage's local workers take the rows its remote workers leave
             taken = min(T, float(remote[r_i]))
             local = (T - taken) / T if T > 0 else 1.0
