@@ -10,9 +10,8 @@ from intune.agent.dqn import new_network
 from intune.agent.evaluate import score_episode
 from intune.agent.imitation import DaggerPolicy, imitate
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import action_regrets, knob_cost, label_weights, neighbours_of, teacher_choice
+from intune.agent.teacher import action_regrets, knob_cost, label_weights, teacher_choice
 from intune.monitor.observation import Observation, StageObservation
-from intune.policies.runner import Runner
 from intune.policies.safety import SafetyLayer
 from intune.sim.episode import run_episode
 from intune.sim.simulator import Simulator
@@ -66,27 +65,6 @@ def test_a_label_weighs_the_throughput_its_knob_loses_if_it_stays():
     assert label_weights(throughput_of, target, ["a", "b"], [5, 20], 0.02, 0.05) == pytest.approx([0.05, 0.05])
 
 
-def test_a_knob_at_its_target_weighs_what_its_costlier_move_one_step_away_would_cost():
-    # throughput 1000 - (a - 5)^2 - 40 * max(0, 10 - b), the target a=5, b=10 (as above)
-    def throughput_of(alloc):
-        return 1000.0 - (alloc["a"] - 5) ** 2 - 40.0 * max(0, 10 - alloc["b"])
-
-    target = {"a": 5, "b": 10}
-    # a at 4 or 6 loses 1/1000 -> 0.05; b at 9 loses 40/1000 -> 2, clipped to 1 (at 11 it loses nothing)
-    assert label_weights(throughput_of, target, ["a", "b"], [5, 10], 0.02, 0.05,
-                         neighbours=[[4, 6], [9, 11]]) == pytest.approx([0.05, 1.0])
-    # a neighbour outside the knob's bounds is not offered: b's only move is up, which costs nothing
-    assert label_weights(throughput_of, target, ["a", "b"], [5, 10], 0.02, 0.05,
-                         neighbours=[[4, 6], [11]]) == pytest.approx([0.05, 0.05])
-    # without neighbours a knob at its target weighs the floor; a knob off it is priced as before
-    assert label_weights(throughput_of, target, ["a", "b"], [5, 10], 0.02, 0.05) == pytest.approx([0.05, 0.05])
-    assert label_weights(throughput_of, target, ["a", "b"], [7, 10], 0.02, 0.05,
-                         neighbours=[[6, 8], [9, 11]]) == pytest.approx([0.2, 1.0])
-    # one worker past the target of a stage whose workers compute holds 1 of 8 CPUs: 1 / 8 / 0.5 = 0.25
-    assert label_weights(lambda alloc: 1000.0, {"a": 2}, ["a"], [2], 0.02, 0.05, lambda alloc: 1.0 * alloc["a"],
-                         8.0, 0.5, neighbours=[[1, 3]]) == pytest.approx([0.25])
-
-
 def test_each_action_is_priced_at_what_its_knob_costs_where_it_lands_less_the_cheapest():
     # udf's 1 worker is below a target of 2: +1 lands on it (0), hold costs 0.3, -1 is not allowed;
     # read at its target of 3: -1 costs 0.8, hold and +1 nothing
@@ -122,18 +100,6 @@ def test_far_from_its_target_each_action_is_priced_by_how_much_more_it_loses_tha
     # nothing, +1 (127) loses 1/128 (0.39 of the full weight), hold 2/128 (0.78), -1 3/128 (capped)
     regret = action_regrets(safety, obs, [126], target, mask, cost).ravel().tolist()
     assert regret == pytest.approx([1, 1, 2 / 128 / 0.02, 1 / 128 / 0.02, 0])
-
-
-def test_the_neighbours_are_one_unit_either_way_within_the_bounds():
-    sim = Simulator("criteo", cpus=8, seed=0)
-    obs = Runner(sim.knobs).observe(sim.reset())
-    safety = SafetyLayer(list(sim.knobs.values()), DELTAS)
-    values = [k.min if k.unit == "cpu" else k.value for k in safety.knobs]
-    units = safety.units(obs)
-    for k, v, u, near in zip(safety.knobs, values, units, neighbours_of(safety, obs, values), strict=True):
-        assert near == [x for x in (v - u, v + u) if k.min <= x <= k.max]
-        if k.unit == "cpu":
-            assert near == [v + 1]  # at its minimum: only up
 
 
 def test_a_label_that_sheds_workers_weighs_the_cpus_they_hold_past_the_target():
@@ -216,7 +182,7 @@ def test_beside_a_remote_pool_the_teacher_targets_the_local_optimum_beside_the_r
         remote = sim.knobs["udf.remote_workers"].value
         target = policy._target(obs)
         assert "udf.remote_workers" not in target or target["udf.remote_workers"] == remote
-        assert target == search_optimum(sim, int(obs.cpus), config.teacher_objective, policy.teacher.margins,
+        assert target == search_optimum(sim, int(obs.cpus), "reward", policy.teacher.margins,
                                         remote_workers=remote)[0]
         seen.add(remote)
 
@@ -255,25 +221,3 @@ def test_where_the_limits_admit_one_step_the_teacher_gives_it_to_the_knob_that_l
         return min(alloc["read.workers"] * 1e6 / 7, alloc["udf.workers"] * 1e6)
 
     assert [DELTAS[a] for a in teacher_choice(safety, obs, values, target, mask, reader_bound)] == [1, 0]
-
-
-def test_in_a_hold_spell_no_local_knob_moves_and_the_states_reached_still_get_the_teachers_labels():
-    # the teacher acts on every tick (share 1), so every move outside a spell is toward the optimum;
-    # with holds, some ticks move nothing and those states are labelled with the move still owed
-    config = AgentConfig()
-    runs = {}
-    for hold in (0.0, 0.3):
-        policy = DaggerPolicy(IntunePolicy(network=new_network(config), config=config, online=False), 1.0,
-                              np.random.default_rng(3), 0.0, hold_share=hold)
-        result = run_episode(Simulator(TINY, cpus=8, seed=0), policy, 40)
-        udf = result.knobs["udf.workers"]
-        still = [t for t in range(1, len(udf)) if udf[t] == udf[t - 1]]
-        owed = [DELTAS[policy.states[t - 1][3][1]] for t in still if t - 1 < len(policy.states)]
-        runs[hold] = (udf, still, owed, len(policy.states))
-    (plain, _, plain_owed, n_plain), (held, still, owed, n_held) = runs[0.0], runs[0.3]
-    assert n_plain == n_held == 39  # every tick but the start is labelled, held or not
-    assert plain_owed.count(5) + plain_owed.count(1) == 0  # without holds the teacher never stops short
-    assert any(d > 0 for d in owed)  # a spell stopped the udf short of its target: the label says go on
-    assert held[-1] == plain[-1]  # after the spells the teacher still reaches the same allocation
-    with pytest.raises(ValueError, match="imitation_hold_share"):
-        AgentConfig(imitation_hold_share=1.5)

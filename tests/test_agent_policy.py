@@ -12,6 +12,7 @@ import torch
 
 from _knobs import kind_of
 from _online import fine_tune
+from intune.agent.config import ACTION_DELTAS
 from intune.agent.features import N_FEATURES
 from intune.agent.network import members_of
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, load_weights
@@ -25,8 +26,30 @@ def test_shipped_weights_load_with_weights_only_and_are_small():
     payload = torch.load(DEFAULT_WEIGHTS, map_location="cpu", weights_only=True)
     assert payload["config"]["extra"]["command"].startswith("intune pretrain")
     q, config = load_weights()
-    assert config.action_deltas == (-5, -1, 0, 1, 5)
+    assert config.decision == payload["config"]["decision"] == "mean"
     assert sum(p.numel() for p in q.parameters()) > 0
+
+
+def test_retired_config_fields_load_where_they_do_not_change_how_the_network_acts_and_unknown_ones_are_refused(tmp_path):
+    """The shipped file stores fields the configuration no longer has: those of pretraining load whatever
+    they held; those that set the action set or the features only at the value this code acts by; a name
+    nobody ever used is refused, named."""
+    from intune.agent.config import AgentConfig
+
+    stored = torch.load(DEFAULT_WEIGHTS, map_location="cpu", weights_only=True)["config"]
+    assert {"teacher_objective", "imitation_weigh_holds", "global_only", "action_deltas"} <= set(stored)
+    assert AgentConfig.from_dict(stored).to_dict() == {k: v for k, v in stored.items() if k in AgentConfig().to_dict()}
+    trained_otherwise = AgentConfig.from_dict({**stored, "teacher_objective": "reachable", "imitation_hold_share": 0.03})
+    assert trained_otherwise == AgentConfig.from_dict(stored)
+    with pytest.raises(ValueError, match="'action_deltas' is \\[-1, 0, 1\\]"):
+        AgentConfig.from_dict({**stored, "action_deltas": [-1, 0, 1]})
+    payload = torch.load(DEFAULT_WEIGHTS, map_location="cpu", weights_only=True)
+    payload["config"]["global_only"] = True
+    torch.save(payload, tmp_path / "global_only.pt")
+    with pytest.raises(ValueError, match="global_only.pt: cannot load .*'global_only' is True"):
+        load_weights(tmp_path / "global_only.pt")
+    with pytest.raises(ValueError, match="unknown field\\(s\\) \\['hiden'\\]"):
+        AgentConfig.from_dict({**stored, "hiden": 64})
 
 
 def test_an_ensemble_pretrains_each_member_as_its_seed_alone_and_loads_back_as_saved(tmp_path):
@@ -322,9 +345,9 @@ def test_the_network_proposes_to_the_steering_rules_by_its_configs_decision_rule
     proposer = NetworkProposer(SplitHead(), config)
     obs = sim.reset()
     proposer.reset(sim.knobs, obs)
-    safety = SafetyLayer(list(sim.knobs.values()), config.action_deltas, config.memory_margin, config.trim_margin)
+    safety = SafetyLayer(list(sim.knobs.values()), ACTION_DELTAS, config.memory_margin, config.trim_margin)
     values = [k.value for k in safety.knobs]
-    mask = np.ones((len(values), len(config.action_deltas)), dtype=bool)
+    mask = np.ones((len(values), len(ACTION_DELTAS)), dtype=bool)
     chosen = proposer(obs, values, mask).argmax(axis=1)
     assert set(safety.deltas[chosen].tolist()) == {move}  # intune's move for this head, not the raw argmax
 

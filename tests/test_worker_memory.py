@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import intune
-from intune.agent.config import AgentConfig
+from intune.agent.config import ACTION_DELTAS
 from intune.policies.safety import PROBE_WORKER_BYTES, READING_MARGIN, SafetyLayer
 from intune.sim import Simulator, load_workload
 from intune.units import MB
@@ -62,7 +62,7 @@ def test_an_added_worker_is_priced_at_its_reading_not_the_probe():
     values = {"udf.workers": 2, "prefetch.buffer_mb": 8}
     knobs = [intune.knobs.Knob(n, "cpu" if n.endswith("workers") else "mb", 1, 64, get=lambda n=n: values[n],
                                set=lambda v, n=n: values.__setitem__(n, v)) for n in values]
-    safety = SafetyLayer(knobs, AgentConfig().action_deltas)
+    safety = SafetyLayer(knobs, ACTION_DELTAS)
     sim_obs = Simulator(load_workload("criteo"), cpus=32, seed=0).step()
     stage = dataclasses.replace(sim_obs.stages[0], name="udf", workers=2, items_per_s=10.0, mode="process")
     unmeasured = dataclasses.replace(sim_obs, stages=(dataclasses.replace(stage, worker_bytes=0.0),))

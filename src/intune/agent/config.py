@@ -13,6 +13,17 @@ from intune.agent.decision import DECISIONS
 from intune.monitor.observation import MEMORY_SAFE_FRACTION
 from intune.policies.safety import TRIM_MARGIN
 
+ACTION_DELTAS: tuple[int, ...] = (-5, -1, 0, 1, 5)
+"""Each knob's moves, in units of its step: one Q-value head per knob over these (the paper's +-1 and +-5)."""
+
+RETIRED_AT: dict[str, Any] = {"action_deltas": list(ACTION_DELTAS), "global_only": False}
+"""Retired fields that decide how a network acts, with the one value this code acts by: a weights file
+storing another value was made for another action set or feature layout and is refused, naming the field."""
+
+RETIRED_TRAINING = ("teacher_objective", "imitation_waiting_gil_share", "imitation_hold_share", "imitation_weigh_holds")
+"""Retired fields that only shaped how a network was pretrained (experiments' options, docs/experiments.md):
+a weights file storing them loads, whatever they held, and they are dropped."""
+
 
 @dataclass
 class AgentConfig:
@@ -76,14 +87,6 @@ class AgentConfig:
     teacher_fraction: float = 0.5
     """Share of exploratory ticks whose moves come from the oracle teacher (``imitation``), not at random."""
 
-    teacher_objective: str = "reward"
-    """What the imitation teacher's allocation maximises (``intune.sim.oracle.search_optimum``):
-    ``reward`` (rows/s times the reward's memory factor: the shipped weights'), ``reachable`` (the most
-    rows/s of any allocation the safety mask lets the agent reach: memory under ``memory_margin``, or,
-    buffers at their minimum, under the mask's worker ceiling) or ``throughput`` (the scores'
-    optimum, which may need memory the mask refuses: a label toward it teaches only the parts the mask
-    allows, which may lead away from it)."""
-
     validation_pipelines: int = 40
     """Episodes the greedy network is scored on after each DAgger round and DQN evaluation: the agent
     benchmark's kind (random specs on the paper's resize schedule, 60-tick phases) drawn from ``seed`` +
@@ -105,25 +108,15 @@ class AgentConfig:
     imitation_remote_share: float = 0.0
     """Share of the imitation's pipelines (and of extra validation pipelines) whose heaviest map stage
     gets a remote pool (``env.with_remote_pool``): the local allocation beside remote workers is one
-    no local-only pipeline shows. 0 (the shipped weights') draws none and leaves every other draw as
-    it was."""
+    no local-only pipeline shows (the shipped weights': 0.25). 0 draws none and leaves every other draw
+    as it was."""
     imitation_waiting_share: float = 0.0
     """Share of the imitation's pipelines (and of extra validation pipelines) with one map stage after
     the first made to wait on I/O (``env.with_waiting_stage``): a stage that needs more workers than
-    CPUs while it looks idle on the CPU. 0 draws none and leaves every other draw as it was."""
-    imitation_waiting_gil_share: float = 0.0
-    """Share of those waiting stages that wait on the GIL instead (``env.with_waiting_stage``): busy on
-    little CPU alike, but more workers add nothing. 0 leaves the waiting draws as they were."""
+    CPUs while it looks idle on the CPU (the shipped weights': 0.25). 0 draws none and leaves every other
+    draw as it was."""
     imitation_teacher_share: float = 0.2
     """Share of ticks in the learner's rounds where the teacher acts (the states it leads to get labels too)."""
-
-    imitation_hold_share: float = 0.0
-    """Share of the imitation's ticks that begin a hold spell: for 2-8 ticks no local knob moves,
-    whatever the learner or the teacher asks, and every state reached is labelled as any other
-    (``imitation.DaggerPolicy``). Why: a learner that stops short of its target (after a resize, on a
-    pipeline it misreads) reaches states whose history says "hold" while the allocation is off, and
-    rollouts that keep moving toward the target rarely show them; without them a network learns to
-    continue its last move instead of reading the stages. 0 draws nothing: the rollouts as before."""
 
     imitation_learning_rate: float = 2e-3
     """Adam learning rate of the imitation rounds."""
@@ -137,12 +130,6 @@ class AgentConfig:
     busy, whether or not they cost throughput here; less in proportion (``teacher.label_weights``).
     0 leaves that cost out: labels weigh the throughput lost alone."""
 
-    imitation_weigh_holds: bool = False
-    """True: a knob at its target weighs what its costlier move one step away would cost
-    (``teacher.label_weights``; ``intune pretrain --weigh-holds``). False: the floor. Off by default: the
-    one network pretrained with it no longer swapped a worker between two stages and back, but validated
-    lower (0.82 against 0.89) and learned to hold (``docs/experiments.md``)."""
-
     imitation_regret_weight: float = 0.0
     """Weight of a second imitation loss term: each knob's expected cost under the network's softmax over
     its allowed actions, every action priced at what it costs where it lands (``teacher.action_regrets``;
@@ -154,12 +141,6 @@ class AgentConfig:
 
     max_grad_norm: float = 10.0
     """Gradient clipping norm (Huber loss already bounds the per-sample gradient)."""
-
-    action_deltas: tuple[int, ...] = (-5, -1, 0, 1, 5)
-    """Per-knob actions; (-1, 0, 1) is the ablation without the paper's +-5 moves."""
-
-    global_only: bool = False
-    """Ablation: hide the per-stage signals and keep only the paper's global factors and knob values."""
 
     memory_margin: float = MEMORY_SAFE_FRACTION
     """The safety mask never lets projected memory use exceed this fraction of the limit (where the
@@ -211,7 +192,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.decision not in DECISIONS:
             raise ValueError(f"AgentConfig.decision must be one of {DECISIONS}, got {self.decision!r}")
-        for name in ("imitation_remote_share", "imitation_waiting_share", "imitation_waiting_gil_share", "imitation_hold_share"):
+        for name in ("imitation_remote_share", "imitation_waiting_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AgentConfig.{name} must be a share in [0, 1], got {getattr(self, name)!r}")
         if self.imitation_regret_weight < 0:
@@ -222,19 +203,21 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so the config can be stored beside weights and loaded without pickle."""
-        out = asdict(self)
-        out["action_deltas"] = list(self.action_deltas)
-        return out
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
         """Inverse of ``to_dict``; unknown keys raise so that a stale weights file is noticed, missing
-        keys take their defaults (weights saved before a field existed still load)."""
+        keys take their defaults (weights saved before a field existed still load). Retired fields are
+        dropped: those of pretraining whatever they hold (``RETIRED_TRAINING``), those that decide how
+        the network acts only at the value this code acts by (``RETIRED_AT``)."""
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - names - set(RETIRED_AT) - set(RETIRED_TRAINING))
         if unknown:
             raise ValueError(f"AgentConfig: unknown field(s) {unknown}")
-        data = dict(data)
-        if "action_deltas" in data:
-            data["action_deltas"] = tuple(int(d) for d in data["action_deltas"])
-        return cls(**data)
+        for name, value in RETIRED_AT.items():
+            stored = list(data[name]) if isinstance(data.get(name), (list, tuple)) else data.get(name, value)
+            if stored != value:
+                raise ValueError(f"AgentConfig: retired field {name!r} is {data[name]!r}; this version acts only "
+                                 f"with {value!r} (a network made for another {name} cannot act here)")
+        return cls(**{k: v for k, v in data.items() if k in names})

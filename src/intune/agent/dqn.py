@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from intune.agent.config import AgentConfig
+from intune.agent.config import ACTION_DELTAS, AgentConfig
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
 from intune.agent.network import BranchingQNetwork, EnsembleQNetwork, QNetwork
 from intune.agent.replay import NStepAccumulator, ReplayBuffer
@@ -87,7 +87,7 @@ def new_network(config: AgentConfig) -> QNetwork:
     """A fresh network of ``config``'s shape: one, or an ensemble of ``ensemble_members``."""
     if config.ensemble_members < 1:
         raise ValueError(f"ensemble_members must be at least 1, got {config.ensemble_members}")
-    members = [BranchingQNetwork(N_FEATURES, len(config.action_deltas), config.hidden) for _ in range(config.ensemble_members)]
+    members = [BranchingQNetwork(N_FEATURES, len(ACTION_DELTAS), config.hidden) for _ in range(config.ensemble_members)]
     return members[0] if len(members) == 1 else EnsembleQNetwork(members)
 
 
@@ -99,11 +99,11 @@ def _open(env: Env, config: AgentConfig, nstep: NStepAccumulator | None = None,
         obs = env.scramble(rng, config.memory_margin)
     obs = runner.observe(obs)
     knobs = list(env.knobs.values())
-    builder = FeatureBuilder(env.knobs, global_only=config.global_only)
-    safety = SafetyLayer(knobs, config.action_deltas, config.memory_margin, config.trim_margin)
+    builder = FeatureBuilder(env.knobs)
+    safety = SafetyLayer(knobs, ACTION_DELTAS, config.memory_margin, config.trim_margin)
     rows, valid = pad(builder.rows(obs))
     return _Slot(env, runner, builder, safety, nstep or NStepAccumulator(config.n_step, config.gamma), obs, rows, valid,
-                 _pad_mask(safety.mask(obs), len(config.action_deltas)))
+                 _pad_mask(safety.mask(obs), len(ACTION_DELTAS)))
 
 
 def _pad_mask(mask: np.ndarray, n_actions: int) -> np.ndarray:
@@ -142,7 +142,7 @@ def train(
     # -- setup ----------------------------------------------------------------------------------
     rng = np.random.default_rng(config.seed)
     torch.manual_seed(config.seed)
-    n_actions = len(config.action_deltas)
+    n_actions = len(ACTION_DELTAS)
     q = q or new_network(config)
     target = copy.deepcopy(q)
     optimizer = torch.optim.Adam(q.parameters(), lr=config.learning_rate)

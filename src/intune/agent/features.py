@@ -1,7 +1,6 @@
 """Observation + knobs -> one feature row per knob, each carrying the pipeline-level context.
 
-Owns the agent's view of the world: which signals it sees, how they are normalised, and which ones
-the paper's global-only ablation hides. Rows are padded to ``MAX_KNOBS`` so that pipelines of 2 to 8
+Owns the agent's view of the world: which signals it sees and how they are normalised. Rows are padded to ``MAX_KNOBS`` so that pipelines of 2 to 8
 stages share one network and one replay buffer. It must not choose actions or touch the knobs.
 """
 
@@ -29,7 +28,7 @@ KNOB_FEATURES: tuple[str, ...] = (
     "at_min",
     "at_max",
     "last_delta",  # the move applied to this knob last tick, / 5
-    "busy",  # stage signals (hidden in the global-only ablation) ...
+    "busy",  # stage signals ...
     "starved",
     "blocked",
     "queue_fill",
@@ -37,7 +36,7 @@ KNOB_FEATURES: tuple[str, ...] = (
     "cpu_per_wall",  # CPU s / wall s per item: low for I/O waits and GIL contention
     "buffered_share",  # stage's buffered bytes / memory limit
     "rate_change",  # relative change of the stage's items/s since last tick
-    "worker_share",  # workers / all workers (a knob value, so the ablation keeps it)
+    "worker_share",  # workers / all workers
     "position",  # stage index / (stages - 1)
     "is_first",
     "is_last",
@@ -59,7 +58,7 @@ CONTEXT_FEATURES: tuple[str, ...] = (
     "demand_ratio",  # throughput / consumer demand (0 when unknown)
     "resized",  # the CPU count changed at this tick
     "ticks_since_resize",  # / 30, capped at 1
-    "max_busy",  # stage signals (hidden in the global-only ablation)
+    "max_busy",  # stage signals
     "mean_starved",
     "over_allocated",  # workers past the CPU budget / CPUs (after a shrink), capped at 1
 )
@@ -70,12 +69,6 @@ follows the pipeline's whatever its workers, and a second stage's move shares th
 
 N_FEATURES = len(KNOB_FEATURES) + len(CONTEXT_FEATURES)
 
-_STAGE_SIGNALS = ("busy", "starved", "blocked", "queue_fill", "work_share", "cpu_per_wall", "buffered_share", "rate_change",
-                  "cost_share", "headroom", "light", "gain", "gain_known")
-_HIDDEN_IN_GLOBAL_ONLY = np.array(
-    [name in _STAGE_SIGNALS for name in KNOB_FEATURES] + [name in ("max_busy", "mean_starved") for name in CONTEXT_FEATURES]
-)
-
 
 class FeatureBuilder:
     """Turns each tick's Observation into rows; remembers the little history the rows need.
@@ -84,13 +77,12 @@ class FeatureBuilder:
     ``applied(deltas)`` after the knobs moved.
     """
 
-    def __init__(self, knobs: Mapping[str, Knob], global_only: bool = False) -> None:
+    def __init__(self, knobs: Mapping[str, Knob]) -> None:
         self.knob_names: list[str] = list(knobs)
         if len(self.knob_names) > MAX_KNOBS:
             raise ValueError(f"the agent handles at most {MAX_KNOBS} knobs, got {len(self.knob_names)}")
         self.knobs = dict(knobs)
         self._layout = [(knobs[n].stage, knobs[n].unit == "cpu", knobs[n].min, knobs[n].max) for n in self.knob_names]
-        self.global_only = global_only
         self.reset()
 
     def reset(self) -> None:
@@ -228,10 +220,7 @@ class FeatureBuilder:
                 *(1.0 if s.kind == kind else 0.0 for kind in KINDS),
                 *context,
             ))
-        out = np.array(table, dtype=np.float32).reshape(len(self.knob_names), N_FEATURES)
-        if self.global_only:
-            out[:, _HIDDEN_IN_GLOBAL_ONLY] = 0.0
-        return out
+        return np.array(table, dtype=np.float32).reshape(len(self.knob_names), N_FEATURES)
 
 
 def _wall_s_per_row(s: StageObservation) -> float:

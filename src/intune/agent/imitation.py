@@ -8,7 +8,8 @@ choices are). DAgger (Ross et al. 2011): round 0 rolls out the teacher; later ro
 learner (with a share of teacher ticks) and the teacher labels the states the learner reaches, so the
 network learns to recover from its own mistakes. Each label is weighted by what it is worth
 (``teacher.label_weights``: the throughput lost if that knob stayed put, or the CPUs its workers past
-the target hold; for a knob at its target, what its costlier move one step away would cost), so that a bottleneck's move outweighs the exact value of a knob on a flat optimum. Every rollout goes through
+the target hold), so that a bottleneck's move outweighs the exact value of a knob on a flat optimum.
+The teacher's target is the reward's optimum (``OraclePolicy``'s default objective). Every rollout goes through
 ``intune.sim.run_episode`` (the one runner). It must not be used live: the teacher reads the
 simulator's true model.
 """
@@ -27,7 +28,7 @@ from intune.agent.config import AgentConfig
 from intune.agent.features import MAX_KNOBS
 from intune.agent.network import BranchingQNetwork
 from intune.agent.policy import IntunePolicy
-from intune.agent.teacher import action_regrets, knob_cost, neighbours_of, teacher_choice, weights_of
+from intune.agent.teacher import action_regrets, knob_cost, teacher_choice, weights_of
 from intune.monitor.observation import Observation
 from intune.policies.remote_sizing import local_knobs
 from intune.policies.safety import WORKER_CEILING
@@ -41,25 +42,20 @@ class DaggerPolicy:
 
     ``states`` collects ``(rows, valid, mask, label, weight, regret)`` padded to ``MAX_KNOBS``. A run starts at the
     even split or, with ``random_start``, at a random allocation (asked of the runner like any request),
-    so that the network also learns to recover from allocations it would never choose. With
-    ``hold_share``, that share of ticks begins a hold spell of 2-8 ticks in which no local knob moves
-    (``AgentConfig.imitation_hold_share``): the stalls a learner makes, labelled like any state.
+    so that the network also learns to recover from allocations it would never choose.
     """
 
     name = "dagger"
 
     def __init__(self, student: IntunePolicy, teacher_share: float, rng: np.random.Generator,
-                 random_start: float, refresh_ticks: int = TEACHER_REFRESH_TICKS, hold_share: float = 0.0) -> None:
+                 random_start: float, refresh_ticks: int = TEACHER_REFRESH_TICKS) -> None:
         self.student = student
-        self.hold_share = hold_share
-        self._hold_left = 0
         self.sim = None
         self.teacher_share = teacher_share
         self.rng = rng
         self.random_start = random_start
         self.refresh_ticks = refresh_ticks
-        self.teacher = OraclePolicy(refresh_ticks=refresh_ticks, objective=student.config.teacher_objective,
-                                    margins=(student.config.memory_margin, WORKER_CEILING))
+        self.teacher = OraclePolicy(refresh_ticks=refresh_ticks, margins=(student.config.memory_margin, WORKER_CEILING))
         self._remote_key: tuple[int, int] | None = None
         self._remote_tick = 0
         self._remote_target: dict[str, int] = {}
@@ -74,7 +70,6 @@ class DaggerPolicy:
         self.student.reset(knobs, observation)
         self.teacher.reset(knobs, observation)
         self._first = True
-        self._hold_left = 0
 
     def step(self, observation: Observation) -> dict[str, int]:
         if self._first:
@@ -90,8 +85,7 @@ class DaggerPolicy:
         config = self.student.config
         cost = knob_cost(self.sim.true_throughput, target, config.imitation_full_weight_loss,
                          self.sim.held_cpus, float(self.sim.cpus), config.imitation_full_weight_held_cpus)
-        weight = weights_of(cost, target, [k.name for k in safety.knobs], values, config.imitation_min_weight,
-                            neighbours_of(safety, observation, values) if config.imitation_weigh_holds else None)
+        weight = weights_of(cost, target, [k.name for k in safety.knobs], values, config.imitation_min_weight)
         rows, valid = self.student.chooser.last
         n = len(values)
         padded_mask = np.zeros((MAX_KNOBS, len(safety.deltas)), dtype=bool)
@@ -106,10 +100,6 @@ class DaggerPolicy:
             padded_regret[:n] = action_regrets(safety, observation, values, target, mask, cost)
         self.states.append((rows, valid, padded_mask, padded_label, padded_weight, padded_regret))
         local = {k.name for k in safety.knobs}
-        if self._hold_left > 0 or (self.hold_share > 0 and self.rng.random() < self.hold_share):
-            self._hold_left = (self._hold_left or int(self.rng.integers(2, 9))) - 1
-            self.student.chooser.builder.applied(np.zeros(n))
-            return {name: value for name, value in request.items() if name not in local}  # the sizing rule's
         if self.rng.random() < self.teacher_share:
             wanted, choice = safety.hard_limits(label, observation, values, self.student.floor)
             self.student.chooser.builder.applied(safety.deltas[choice])
@@ -222,8 +212,7 @@ def imitate(
         for _ in range(config.imitation_episodes):
             sim = make_sim(rng)
             student = IntunePolicy(network=q, config=config, online=False)
-            policy = DaggerPolicy(student, share, rng, config.random_start_probability,
-                                  hold_share=config.imitation_hold_share)
+            policy = DaggerPolicy(student, share, rng, config.random_start_probability)
             run_episode(sim, policy, config.imitation_ticks)
             data.extend(policy.states)
         q.train()

@@ -1,6 +1,6 @@
 """The Q-network: a three-layer ReLU MLP shared by every knob, with one 5-way head per knob.
 
-Action branching (Tavakoli et al. 2018): every knob gets its own Q-values over the config's ``action_deltas``, so the
+Action branching (Tavakoli et al. 2018): every knob gets its own Q-values over ``config.ACTION_DELTAS``, so the
 output grows linearly with the knobs instead of exponentially. The weights are shared across knobs
 and stages; what tells one knob from another is its feature row and a pipeline context (the mean of
 all knobs' first-layer embeddings), so one network serves pipelines of 2 to 8 stages without

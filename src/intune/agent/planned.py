@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from intune.agent.config import ACTION_DELTAS
 from intune.agent.policy import DEFAULT_WEIGHTS, NetworkProposer, load_weights
 from intune.knobs import Knob
 from intune.monitor.observation import Observation
@@ -50,7 +51,7 @@ class PlannerWithAgent:
         self.planner.reset(knobs, observation)
         local = dict(local_knobs(knobs))
         self.proposer.reset(local, observation)
-        self.safety = SafetyLayer(list(local.values()), self.config.action_deltas, self.config.memory_margin,
+        self.safety = SafetyLayer(list(local.values()), ACTION_DELTAS, self.config.memory_margin,
                                   self.config.trim_margin)
         self._since = 0
         self.probes = 0

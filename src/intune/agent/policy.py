@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from intune.agent.config import AgentConfig
+from intune.agent.config import ACTION_DELTAS, AgentConfig
 from intune.agent.decision import decision_scores
 from intune.agent.dqn import new_network
 from intune.agent.features import MAX_KNOBS, N_FEATURES, FeatureBuilder, pad
@@ -94,7 +94,7 @@ class NetworkChooser:
     def __init__(self, q: QNetwork, config: AgentConfig, knobs: Mapping[str, Knob]) -> None:
         self.q = q
         self.config = config
-        self.builder = FeatureBuilder(knobs, global_only=config.global_only)
+        self.builder = FeatureBuilder(knobs)
         # decisions run in numpy (see NumpyQ: torch spins on a saturated machine); a stand-in network
         # of another class (tests) runs as it is
         self.numpy_q = NumpyQ(q) if isinstance(q, QNetwork) else None
@@ -149,7 +149,7 @@ class IntunePolicy:
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self.knobs = dict(knobs)
         self.chooser = NetworkChooser(self.q, self.config, self.knobs)
-        self.safety = SafetyLayer(list(self.knobs.values()), self.config.action_deltas, self.config.memory_margin,
+        self.safety = SafetyLayer(list(self.knobs.values()), ACTION_DELTAS, self.config.memory_margin,
                                   self.config.trim_margin)
         self.floor = shuffle_floor(self.safety, observation)
         self._start: dict[str, int] | None = start_allocation(self.knobs, self.safety, observation, self.warm_start)
@@ -231,7 +231,7 @@ class IntunePolicy:
         self.safety.load_state_dict(state["safety"])
         saved = state["replay"]
         if saved is not None:
-            buffer = ReplayBuffer(int(saved["capacity"]), MAX_KNOBS, N_FEATURES, len(self.config.action_deltas))
+            buffer = ReplayBuffer(int(saved["capacity"]), MAX_KNOBS, N_FEATURES, len(ACTION_DELTAS))
             n = int(saved["size"])
             for field in _REPLAY_FIELDS:
                 getattr(buffer, field)[:n] = saved[field]
@@ -264,8 +264,8 @@ class IntunePolicy:
         if not self.online or self._last is None or self._pending_reward is None:
             return
         if self._buffer is None:
-            self._buffer = ReplayBuffer(self.config.online_buffer_size, MAX_KNOBS, N_FEATURES, len(self.config.action_deltas))
-        next_mask = np.zeros((MAX_KNOBS, len(self.config.action_deltas)), dtype=bool)
+            self._buffer = ReplayBuffer(self.config.online_buffer_size, MAX_KNOBS, N_FEATURES, len(ACTION_DELTAS))
+        next_mask = np.zeros((MAX_KNOBS, len(ACTION_DELTAS)), dtype=bool)
         next_mask[: len(mask)] = mask
         prev_rows, prev_valid, actions = self._last
         rows, valid = self.chooser.last
@@ -294,7 +294,7 @@ class NetworkProposer:
     def __init__(self, q: QNetwork, config: AgentConfig) -> None:
         self.q = q
         self.config = config
-        self.deltas = np.asarray(config.action_deltas, dtype=np.int64)
+        self.deltas = np.asarray(ACTION_DELTAS, dtype=np.int64)
 
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self.chooser = NetworkChooser(self.q, self.config, knobs)

@@ -33,7 +33,6 @@ from intune.agent.imitation import ImitationLog, imitate
 from intune.agent.network import BranchingQNetwork, EnsembleQNetwork
 from intune.agent.policy import DEFAULT_WEIGHTS, IntunePolicy, save_weights
 from intune.results import save_figure
-from intune.sim.oracle import OBJECTIVES
 from intune.sim.schedule import PAPER_LEVELS
 
 VALIDATION_SEED_OFFSET = 1_000_003  # validation pipelines never share the training draws
@@ -51,23 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=str(DEFAULT_WEIGHTS), help="where to write the weights")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--envs", type=int, default=defaults.num_envs, help="simulated pipelines in parallel")
-    parser.add_argument("--global-only", action="store_true", help="ablation: the paper's global observation")
-    parser.add_argument("--deltas", default=",".join(str(d) for d in defaults.action_deltas),
-                        help="per-knob moves, e.g. -1,0,1 for the ablation without +-5")
-    parser.add_argument("--teacher", choices=OBJECTIVES, default=defaults.teacher_objective,
-                        help="what the imitation teacher's allocation maximises (AgentConfig.teacher_objective)")
     parser.add_argument("--remote-share", type=float, default=defaults.imitation_remote_share,
                         help="share of the imitation's pipelines with a remote pool")
     parser.add_argument("--waiting-share", type=float, default=defaults.imitation_waiting_share,
                         help="share of the imitation's pipelines with a map stage that waits on I/O")
-    parser.add_argument("--waiting-gil-share", type=float, default=defaults.imitation_waiting_gil_share,
-                        help="share of those waiting map stages that wait on the GIL instead")
-    parser.add_argument("--weigh-holds", action="store_true", default=defaults.imitation_weigh_holds,
-                        help="a knob at its target weighs what its costlier move one step away would cost "
-                             "(AgentConfig.imitation_weigh_holds; off: the floor)")
-    parser.add_argument("--hold-share", type=float, default=defaults.imitation_hold_share,
-                        help="share of the imitation's ticks that begin a 2-8 tick spell with no local move "
-                             "(AgentConfig.imitation_hold_share; 0: off)")
     parser.add_argument("--regret-weight", type=float, default=defaults.imitation_regret_weight,
                         help="weight of the imitation's expected-regret term, every action priced where it "
                              "lands (AgentConfig.imitation_regret_weight; 0: off)")
@@ -104,7 +90,7 @@ def validation_sims(config: AgentConfig, n: int | None = None, seed: int | None 
     for _ in range(math.ceil(n * config.imitation_remote_share)):  # beside a remote pool, as the imitation
         sims.append(with_remote_pool(rng, training_sim(rng, config, VALIDATION_TICKS), VALIDATION_TICKS))
     for _ in range(math.ceil(n * config.imitation_waiting_share)):  # a waiting map stage, as the imitation
-        sims.append(with_waiting_stage(rng, training_sim(rng, config, VALIDATION_TICKS), config.imitation_waiting_gil_share))
+        sims.append(with_waiting_stage(rng, training_sim(rng, config, VALIDATION_TICKS)))
     return sims
 
 
@@ -140,7 +126,7 @@ def imitation_sim(rng: np.random.Generator, config: AgentConfig):
     if config.imitation_remote_share > 0 and rng.random() < config.imitation_remote_share:  # 0: the draws as before
         sim = with_remote_pool(rng, sim, config.imitation_ticks)
     if config.imitation_waiting_share > 0 and rng.random() < config.imitation_waiting_share:  # 0: as before
-        sim = with_waiting_stage(rng, sim, config.imitation_waiting_gil_share)
+        sim = with_waiting_stage(rng, sim)
     return sim
 
 
@@ -266,35 +252,25 @@ def plot_curve(members: list[MemberLog], path: str | Path, title: str = "InTune 
 
 def run(args: argparse.Namespace) -> int:
     defaults = AgentConfig()
-    deltas = tuple(int(d) for d in str(args.deltas).split(","))
-    if 0 not in deltas:
-        raise SystemExit(f"--deltas must include 0 (hold), got {args.deltas}")
     if args.members < 1 or args.jobs < 1:
         raise SystemExit(f"--members and --jobs must be at least 1, got {args.members} and {args.jobs}")
     if args.curve and Path(args.curve).suffix.lower() != ".png":  # refused before the minutes of training, not after
         raise SystemExit(f"--curve writes the learning curve as a PNG: give a path ending in .png, got {args.curve} "
                          "(--log-json writes it as JSON)")
     command = (f"intune pretrain --rounds {args.rounds} --episodes {args.episodes} --steps {args.steps} --seed {args.seed} "
-               f"--envs {args.envs} --deltas={args.deltas}" + (" --global-only" if args.global_only else "")
-               + (f" --teacher {args.teacher}" if args.teacher != defaults.teacher_objective else "")
+               f"--envs {args.envs}"
                + (f" --validation {args.validation}" if args.validation != defaults.validation_pipelines else "")
                + (f" --remote-share {args.remote_share}" if args.remote_share != defaults.imitation_remote_share else "")
                + (f" --waiting-share {args.waiting_share}" if args.waiting_share != defaults.imitation_waiting_share else "")
-               + (f" --waiting-gil-share {args.waiting_gil_share}"
-                  if args.waiting_gil_share != defaults.imitation_waiting_gil_share else "")
                + (f" --members {args.members}" if args.members != defaults.ensemble_members else "")
                + (f" --keep {args.keep}" if args.members > 1 and args.keep != "ensemble" else "")
                + (f" --decision {args.decision}" if args.decision != defaults.decision else "")
-               + (" --weigh-holds" if args.weigh_holds else "")
                + (f" --regret-weight {args.regret_weight}" if args.regret_weight else "")
-               + (f" --hold-share {args.hold_share}" if args.hold_share else "")
                + f" --out {args.out}")
-    config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs, action_deltas=deltas,
+    config = AgentConfig(seed=args.seed, total_steps=args.steps, num_envs=args.envs,
                          imitation_rounds=args.rounds, imitation_episodes=args.episodes,
-                         global_only=args.global_only, teacher_objective=args.teacher,
                          validation_pipelines=args.validation, imitation_remote_share=args.remote_share,
-                         imitation_waiting_share=args.waiting_share, imitation_waiting_gil_share=args.waiting_gil_share,
-                         imitation_weigh_holds=args.weigh_holds, imitation_hold_share=args.hold_share,
+                         imitation_waiting_share=args.waiting_share,
                          imitation_regret_weight=args.regret_weight, ensemble_members=args.members, decision=args.decision, extra={"command": command})
     started = time.time()
     path, members = pretrain(config, args.out, jobs=args.jobs, keep=args.keep)

@@ -56,12 +56,10 @@ def _gain_now(safety: SafetyLayer, values: Sequence[int], landed: np.ndarray, be
 def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str], values: Sequence[int],
                   full_weight_loss: float, floor: float,
                   held_cpus_of: Callable[[dict[str, int]], float] | None = None, cpus: float = 0.0,
-                  full_weight_held: float = 0.5,
-                  neighbours: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+                  full_weight_held: float = 0.5) -> np.ndarray:
     """Per knob, what its label is worth, clipped to ``[floor, 1]``: for a knob off its target, the cost
-    of leaving it where it is (every other knob at the target); for a knob at its target, with
-    ``neighbours`` (per knob, its values one move either way within its bounds), the cost of the
-    costlier of those moves. A value's cost is the larger of two, each scaled to 1 at its full weight:
+    of leaving it where it is (every other knob at the target). A value's cost is the larger of two, each
+    scaled to 1 at its full weight:
 
     - the share of the optimum's throughput lost, over ``full_weight_loss``;
     - with ``held_cpus_of`` (``Simulator.held_cpus``), the CPUs its workers past the target want when
@@ -70,19 +68,16 @@ def label_weights(throughput_of, target: Mapping[str, int], names: Sequence[str]
       anything else on the machine would need; a worker waiting on I/O holds little.
 
     ``throughput_of(allocation)`` is the true model's throughput (``Simulator.true_throughput``). A knob
-    whose label costs nothing to get wrong (a flat optimum; at its target without ``neighbours``) weighs
-    ``floor``; one that costs the full weight or more weighs 1 (cost-sensitive imitation: the network
-    spends its capacity on the choices that matter). "Hold" at the target is such a choice: weighed at
-    the floor, it is learned 20 times more weakly than any move, and a network taught so leaves a good
-    allocation for a move that costs a fifth of the throughput (swapping a worker between two stages
-    and back, tick after tick), or adds a worker its stage cannot use.
+    whose label costs nothing to get wrong (a flat optimum; at its target) weighs ``floor``; one that
+    costs the full weight or more weighs 1 (cost-sensitive imitation: the network spends its capacity on
+    the choices that matter).
     """
     cost_of = knob_cost(throughput_of, target, full_weight_loss, held_cpus_of, cpus, full_weight_held)
-    return weights_of(cost_of, target, names, values, floor, neighbours)
+    return weights_of(cost_of, target, names, values, floor)
 
 
 def weights_of(cost_of: Callable[[str, int], float], target: Mapping[str, int], names: Sequence[str],
-               values: Sequence[int], floor: float, neighbours: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+               values: Sequence[int], floor: float) -> np.ndarray:
     """``label_weights`` with the knobs' cost (``knob_cost``) already built, for a caller that prices
     actions with it too (``action_regrets``)."""
     cost = np.zeros(len(names))
@@ -91,17 +86,7 @@ def weights_of(cost_of: Callable[[str, int], float], target: Mapping[str, int], 
             continue
         if target[name] != value:
             cost[i] = cost_of(name, value)
-        elif neighbours is not None:
-            cost[i] = max((cost_of(name, v) for v in neighbours[i] if v != value), default=0.0)
     return np.clip(cost, floor, 1.0).astype(np.float32)
-
-
-def neighbours_of(safety: SafetyLayer, obs: Observation, values: Sequence[int]) -> list[list[int]]:
-    """Per knob of ``safety``, its values one move (one step of its unit) either way, within its bounds:
-    what ``label_weights`` prices a knob at its target by."""
-    units = safety.units(obs)
-    return [[v + d for d in (-int(u), int(u)) if k.min <= v + d <= k.max]
-            for k, v, u in zip(safety.knobs, values, units, strict=True)]
 
 
 def knob_cost(throughput_of, target: Mapping[str, int], full_weight_loss: float,
