@@ -437,9 +437,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wall time {wall:.0f} s")
     settings = {"ticks": TICKS, "loss_tick": LOSS_TICK, "window": WINDOW, "after": AFTER, "need_factor": NEED_FACTOR,
                 "seeds": seeds, "quick": quick}
-    if args.json:
-        write_json(args.json, results, summary=summary, real_summary=(real or {}).get("summary"), settings=settings,
-                   notes=notes)
+    if args.json:  # the per-case medians are ``summarize(results)``: the page has them, the file the runs
+        write_json(args.json, results, real_summary=(real or {}).get("summary"), settings=settings, notes=notes)
         print(f"wrote {args.json}")
     if args.md:
         print(f"wrote {md_report.write(args.md, markdown_report(summary, real, notes, seeds, quick))}")
