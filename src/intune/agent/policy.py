@@ -35,7 +35,7 @@ from intune.policies.safety import SafetyLayer, shuffle_floor, start_allocation
 from intune.rng import rng_from_state, rng_state
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
-DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_dqn.pt"
+DEFAULT_WEIGHTS = WEIGHTS_DIR / "intune_network.pt"
 WEIGHTS_FORMAT = 2
 
 
