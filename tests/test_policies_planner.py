@@ -322,3 +322,51 @@ def test_a_jump_of_several_workers_is_checked_one_fewer_and_the_fewer_kept_if_no
         seen.append(store["udf.workers"])
     assert max(seen) >= 3, seen  # the model's jump: it reads the wait as each worker's own
     assert seen[-1] == 2, seen  # one fewer measured no worse: kept (and no ceiling for a plan that paid)
+
+
+# ------------------------------------------------------------------------------- beside remote workers
+
+
+def test_a_stage_beside_remote_workers_is_costed_by_the_elements_its_local_workers_did():
+    import dataclasses
+
+    knobs, _ = dict_knobs(SPEC)
+    # the UDF emitted 100 elements/s, 80 of them by remote workers; its local workers' CPU is reported
+    # over every emitted element (0.002 s), so over the 20 they did it is 0.01 s each
+    udf = dataclasses.replace(_stage("udf", 0.002, workers=2), remote_items_per_s=80.0, remote_workers=8)
+    costs = fit_costs([_obs([_stage("read", 0.0005), udf, _stage("prefetch", 0.00005)])] * 4, knobs)
+    assert costs.work[1] == pytest.approx(0.01) and costs.cpu_work[1] == pytest.approx(0.01)
+    assert costs.remote[1] == pytest.approx(80.0)
+    assert costs.stage_rate(1, 2) == pytest.approx(200.0 + 80.0)  # 2 local workers beside the remote ones
+    assert costs.workers_for(1, 280.0) == pytest.approx(2.0)
+    # the CPUs carry the local work only: at 8 CPUs, 0.0005 x + 0.01 (x - 80) + 0.00005 x = 8
+    assert costs.rate([32, 32, 32], 8.0) == pytest.approx((8.0 + 0.01 * 80.0) / 0.01055)
+
+
+def test_a_stage_with_remote_workers_takes_the_local_workers_the_others_leave():
+    knobs, _ = dict_knobs(SPEC)
+    costs = StageCosts(("read", "udf", "prefetch"), (0.01, 0.1, 0.0), (0.01, 0.1, 0.0), (False,) * 3, (False,) * 3,
+                       1.0, remote=(0.0, 100.0, 0.0))
+    # demand 120 elements/s: planned for 1.1 x 120 = 132 with 10% to spare, the reader needs 1.45 -> 2
+    # workers and the UDF (145.2 - 100) x 0.1 = 4.5 -> 5 beside its remote 100/s
+    lean = plan_workers(costs, knobs, budget=10, extra=0, cpus=10.0, demand_items=120.0)
+    assert lean.workers == {"read": 2, "udf": 5, "prefetch": 1}
+    # local CPUs first: the UDF takes the 7 workers the others leave, its remote workers then cost less
+    filled = plan_workers(costs, knobs, budget=10, extra=0, cpus=10.0, demand_items=120.0, fill={"udf"})
+    assert filled.workers == {"read": 2, "udf": 7, "prefetch": 1}
+
+
+def test_beside_a_remote_pool_the_planner_uses_the_local_cpus_and_refits_after_a_node_loss():
+    # 128 CPUs, a pool of 64 x 16, 4x the best local rate needed, 8 nodes lost at tick 120: the planner
+    # had read its UDF's cost over the remote workers' elements too, kept 1-3 local UDF workers, and after
+    # the loss the remote sizer, seeing those few local workers take under 5% of the rows, shed the pool
+    from intune.bench.scale import Case, case_spec
+
+    spec = case_spec(Case("udf-heavy", 128, 64, 16, 8))
+    need = Simulator(spec, noise=0.0).params.demand
+    r = run_episode(Simulator(spec, seed=0), make("planner"), 200)
+    oracle = run_episode(Simulator(spec, seed=0), make("oracle"), 200)
+    # the local UDF takes the CPUs the other stages leave (46 workers here; the oracle, oversubscribing, 66)
+    assert r.knobs["udf.workers"][60:119].mean() >= 0.25 * 128
+    assert r.model_throughput[160:].mean() >= 0.95 * need
+    assert r.knobs["udf.remote_workers"][60:119].mean() <= 1.15 * oracle.knobs["udf.remote_workers"][60:119].mean()

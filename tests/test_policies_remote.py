@@ -15,6 +15,7 @@ from intune.policies.plumber import solve_remote_lp
 from intune.policies.remote_sizing import (
     REMOTE_MIN_GAIN,
     LocalGain,
+    RemoteReading,
     RemoteSizer,
     binds_on_waiting_stage,
     demand_gap,
@@ -165,14 +166,7 @@ def test_heuristic_and_autotune_take_the_whole_cluster(four_x, policy):
     assert (runs["none"].knobs["udf.remote_workers"] == 0).all()
 
 
-@pytest.mark.parametrize("policy", [
-    "steer", "network",
-    # the planner keeps a local UDF worker only where its measured rate pays; at the demand nothing can
-    # measure higher, so it holds fewer local workers and 13 remote ones where 1.4x the fewest is 12.6
-    # (issue 48's note; bench scale's remote sizing shows the same loss)
-    pytest.param("planner", marks=pytest.mark.xfail(strict=True, reason="planner holds 13 remote workers, 1.4x the fewest is 12.6")),
-    "network+steer", "oracle",
-])
+@pytest.mark.parametrize("policy", ["steer", "network", "planner", "network+steer", "oracle"])
 def test_remote_workers_are_shed_when_the_demand_falls(policy):
     sim = Simulator(_spec(latency=_need(4.0)), seed=0)
 
@@ -380,3 +374,14 @@ def test_without_a_demand_a_binding_stage_whose_local_workers_gain_nothing_calls
         assert not read_remote_stage(obs, "udf").local_workers_wait and obs.free_cpus >= 5
         requests.append(sizer.step(obs))
     assert any(requests) == adds
+
+
+def test_a_few_busy_local_workers_beside_many_remote_ones_show_the_remote_ones_busy():
+    # remote workers are served first: 2 local workers busy 98% of the time took rows only because every
+    # remote worker was busy, though they did 2% of the rows beside 300 remote workers
+    def reading(local_busy, local_rows):
+        return RemoteReading("udf", 300, 9800.0, local_rows, 2 * local_busy, 10.0, 33.0, 1e-6, 10.0, local_busy, 2)
+
+    assert reading(0.98, 200.0).remote_busy
+    assert not reading(0.02, 200.0).remote_busy  # a local worker that rarely got a row: remote ones were free
+    assert not reading(0.98, 0.0).remote_busy

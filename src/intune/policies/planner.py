@@ -32,6 +32,16 @@ show a larger gain to stay: measurement noise alone never adds one.
 A change of CPUs re-plans at once on the last costs (a CPU's work per element does not change with the
 CPU count) and the model is then re-fitted at the new allocation.
 
+Beside remote workers (a stage's ``remote_workers``, sized by the shared rule of
+``intune.policies.remote_sizing``): the stage's cost is its local workers' over the elements they
+processed, and the elements its remote workers carried are a rate of their own beside its local
+workers' (``StageCosts.remote``), costing no local CPU. Such a stage then takes the workers the other
+stages leave in the budget, as many as the CPUs the others leave at the planned rate run: local CPUs
+first, the remote ones are what a job pays for, and the sizer sheds those the local workers replace. Those added local workers are judged as fewer workers are (kept
+unless they measure below): at the trainer's demand the rate cannot show what they save.
+A stage whose remote workers carried almost every element (its local workers under
+``LOCAL_MIN_SHARE``) keeps its last measured cost, or before any its workers.
+
 Safety is not the planner's: every jump goes through ``SafetyLayer.admit`` (memory priced from measured
 worker memory, buffers trimmed to the limit), and the runner's clamp applies the CPUs.
 """
@@ -67,6 +77,7 @@ SCALING_FITS = 8  # recent fits per stage that its scaling (cost per element ove
 CEILING_TICKS = 120  # ticks a measured ceiling holds before the model may try past it again
 CONFIDENCE_Z = 2.0  # standard errors by which one measured rate must beat another for the difference to count
 MEASURED_TICKS = 16  # the most recent ticks at an allocation that its measured rate is read from
+LOCAL_MIN_SHARE = 0.05  # share of a stage's elements its local workers must process for their cost to be read
 
 
 class Measured:
@@ -124,25 +135,36 @@ class StageCosts:
     # a limit the stages' costs do not explain (the consumer's process, a lock the stages share): the
     # rate measured where workers were added on the model's word and nothing came of them
     ceiling: float = math.inf
+    # delivered elements/s a stage's remote workers carried (their rows took no local CPU): ``work`` and
+    # ``cpu_work`` are then its local workers' costs per element they processed
+    remote: tuple[float, ...] = ()
+
+    def remote_rate(self, i: int) -> float:
+        return self.remote[i] if self.remote else 0.0
 
     def stage_rate(self, i: int, workers: int) -> float:
-        """Elements/s that ``workers`` workers of stage ``i`` deliver: ``w / (work + slope * w)``."""
+        """Elements/s that ``workers`` local workers of stage ``i`` deliver, ``w / (work + slope * w)``,
+        beside what its remote workers carry."""
         b = self.slope[i] if self.slope else 0.0
         cost = self.work[i] + b * workers
-        return workers / cost if cost > 0 else math.inf
+        return (workers / cost if cost > 0 else math.inf) + self.remote_rate(i)
 
     def workers_for(self, i: int, rate: float) -> float:
-        """The fewest (fractional) workers of stage ``i`` that deliver ``rate``; inf past its ceiling."""
+        """The fewest (fractional) local workers of stage ``i`` that deliver ``rate`` beside its remote
+        ones; inf past its ceiling."""
+        rate = max(0.0, rate - self.remote_rate(i))
         b = self.slope[i] if self.slope else 0.0
         if rate * b >= 1.0:
             return math.inf
         return rate * self.work[i] / (1.0 - rate * b)
 
     def rate(self, alloc: Sequence[int], cpus: float) -> float:
-        """Elements/s delivered by ``alloc``: the slowest stage, or the CPUs over all the work."""
+        """Elements/s delivered by ``alloc``: the slowest stage, or the CPUs over all the local work (the
+        elements remote workers carry cost their stage no local CPU)."""
         rates = [self.stage_rate(i, a) for i, a in enumerate(alloc) if self.work[i] > 0]
         cpu_total = sum(self.cpu_work)
-        cap = cpus / cpu_total if cpu_total > 0 else math.inf
+        spared = sum(c * self.remote_rate(i) for i, c in enumerate(self.cpu_work))
+        cap = (cpus + spared) / cpu_total if cpu_total > 0 else math.inf
         return min(min(rates, default=math.inf), cap, self.ceiling)
 
 
@@ -187,19 +209,33 @@ def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob]) -> Stage
     names = [s.name for s in window[-1].stages if f"{s.name}.workers" in knobs]
     profiles = {n: prof[n] for n in names if n in prof}
     squeeze = contention(profiles.values(), window[-1].cpus)
-    work, cpu_work, seq, waiting = [], [], [], []
+    work, cpu_work, seq, waiting, remote = [], [], [], [], []
+    seconds = sum(o.dt_s for o in window)
     for n in names:
         p = profiles.get(n)
         knob = knobs[f"{n}.workers"]
-        cpu = p.cpu_s / root_items if p else 0.0
-        wait = max(0.0, p.wall_s - squeeze * p.cpu_s) / root_items if p else 0.0
+        # a worker's cost per element of the stage's own: remote workers' elements took no local time
+        per = local_items(p) / p.items * root_items if p and p.items > 0 else root_items
+        if per <= 0.0:
+            per = math.nan  # remote workers took every element: the local workers' cost is not measured
+        cpu = p.cpu_s / per if p else 0.0
+        wait = max(0.0, p.wall_s - squeeze * p.cpu_s) / per if p else 0.0
         cpu_work.append(cpu)
         work.append(cpu + wait)
         seq.append(knob.max <= 1)
         waiting.append(wait > cpu)
+        remote.append(p.remote_items / p.items * root_items / seconds if p and p.items > 0 and seconds > 0 else 0.0)
     rows = sum(o.stages[-1].rows_per_s * o.dt_s for o in window)
     item_bytes = {n: p.bytes / p.items for n, p in prof.items() if p.items > 0}
-    return StageCosts(tuple(names), tuple(work), tuple(cpu_work), tuple(seq), tuple(waiting), rows / root_items, item_bytes)
+    return StageCosts(tuple(names), tuple(work), tuple(cpu_work), tuple(seq), tuple(waiting), rows / root_items, item_bytes,
+                      remote=tuple(remote) if any(remote) else ())
+
+
+def local_items(p: StageProfile) -> float:
+    """Elements the stage's local workers processed: ``items`` less those its remote workers did, none
+    below ``LOCAL_MIN_SHARE`` of them (a share that small measures no cost)."""
+    local = p.items - p.remote_items
+    return local if local >= LOCAL_MIN_SHARE * p.items else 0.0
 
 
 def with_scaling(costs: StageCosts, seen: Mapping[str, Sequence[tuple[int, float]]]) -> StageCosts:
@@ -229,9 +265,11 @@ def with_scaling(costs: StageCosts, seen: Mapping[str, Sequence[tuple[int, float
 
 
 def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extra: int, cpus: float,
-                 demand_items: float = 0.0, reach: Mapping[str, int] | None = None) -> Plan:
+                 demand_items: float = 0.0, reach: Mapping[str, int] | None = None,
+                 fill: Iterable[str] = ()) -> Plan:
     """The fewest workers per stage within ``NEAR_BEST`` of the best rate that ``budget`` workers (and
-    ``extra`` past it for waiting stages) allow (module docstring)."""
+    ``extra`` past it for waiting stages) allow (module docstring); a stage in ``fill`` (it has remote
+    workers) then takes the budget the others leave: local CPUs first, the remote ones are the cost."""
     ks = [knobs[f"{n}.workers"] for n in costs.names]
     lo = [k.min for k in ks]
     hi = [max(k.min, 1 if s else k.max) for k, s in zip(ks, costs.sequential, strict=True)]
@@ -262,6 +300,13 @@ def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extr
         if not math.isfinite(need):  # the margin is past the stage's ceiling: the fewest that carry the goal
             need = costs.workers_for(i, goal)
         lean.append(max(lo[i], min(alloc[i], math.ceil(need - 1e-9) if math.isfinite(need) else alloc[i])))
+    theta = costs.rate(lean, cpus)
+    for i, name in enumerate(costs.names):
+        if name in fill:  # the CPUs the other stages leave at the planned rate, and the workers they run
+            room = cpus - sum(c * theta for j, c in enumerate(costs.cpu_work) if j != i)
+            per_cpu = costs.work[i] / costs.cpu_work[i] if costs.cpu_work[i] > 0 else 1.0
+            most = min(hi[i], budget - (sum(lean) - lean[i]), math.floor(max(0.0, room) * per_cpu + 1e-9))
+            lean[i] = max(lean[i], most)
     return Plan(dict(zip(costs.names, lean, strict=True)), costs.rate(lean, cpus), cpus)
 
 
@@ -298,6 +343,9 @@ class PlannerPolicy:
         self._seen: dict[str, deque[tuple[int, float]]] = {}  # stage -> (workers, cost per element) of recent fits
         self._tried: dict[tuple[int, ...], Measured] = {}  # allocation -> elements/s measured there, at these CPUs
         self._probe: Probe | None = None
+        self._unmeasured: set[str] = set()  # stages whose local workers' cost was never measured (``_with_last_costs``)
+        self._unmeasured_before: set[str] = set()
+        self._not_measured: set[str] = set()  # ... or not in the last fit
         self._check_down: int | None = None  # the stage a kept jump gave several workers: tried at one fewer
         self.probes_kept = 0
         self._ceiling, self._ceiling_until = math.inf, 0  # ``StageCosts.ceiling`` and the tick it ends
@@ -327,9 +375,11 @@ class PlannerPolicy:
             rates = [o.stages[-1].items_per_s for o in self._window]
             self._window.clear()
             if costs is not None:
+                costs = self._with_last_costs(costs)
                 for name, work in zip(costs.names, costs.work, strict=True):
-                    w = self.knobs[f"{name}.workers"].value
-                    self._seen.setdefault(name, deque(maxlen=SCALING_FITS)).append((w, work))
+                    if name not in self._not_measured:
+                        w = self.knobs[f"{name}.workers"].value
+                        self._seen.setdefault(name, deque(maxlen=SCALING_FITS)).append((w, work))
                 if obs.tick >= self._ceiling_until:
                     self._ceiling = math.inf
                 costs = self.costs = replace(with_scaling(costs, self._seen), ceiling=self._ceiling)
@@ -349,13 +399,42 @@ class PlannerPolicy:
             self._window.append(obs)
         self._last_values = workers
 
+    def _with_last_costs(self, costs: StageCosts) -> StageCosts:
+        """``costs`` with a stage whose local workers' cost was not measured (its remote workers took
+        almost every element) at its last fitted cost; before any, the stage is held at the workers it
+        has (``_unmeasured``): nothing measured says it needs fewer or more."""
+        self._unmeasured = set()
+        self._not_measured = {n for n, w in zip(costs.names, costs.work, strict=True) if math.isnan(w)}
+        if not self._not_measured:
+            return costs
+        last = self.costs if self.costs is not None and self.costs.names == costs.names else None
+        work, cpu = list(costs.work), list(costs.cpu_work)
+        for i, name in enumerate(costs.names):
+            if name in self._not_measured:
+                if last is None or last.names[i] in self._unmeasured_before:
+                    self._unmeasured.add(name)
+                    work[i] = cpu[i] = 0.0  # not planned: held (``_new_plan``)
+                else:
+                    work[i], cpu[i] = last.work[i], last.cpu_work[i]
+        self._unmeasured_before = set(self._unmeasured)
+        return replace(costs, work=tuple(work), cpu_work=tuple(cpu))
+
     def _new_plan(self, obs: Observation, costs: StageCosts) -> Plan:
         budget = max(int(cpu_budget(obs) + 1e-9), 0)
         extra = light_worker_room(obs.light_stages(), 0.0)
         demand = obs.demand / costs.rows_per_item if obs.demand > 0 and costs.rows_per_item > 0 else 0.0
         reach = {n: 2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1
                  for n in costs.names}
-        return plan_workers(costs, self.knobs, budget, extra, float(obs.cpus), demand, reach)
+        if not self._unmeasured:
+            return plan_workers(costs, self.knobs, budget, extra, float(obs.cpus), demand, reach, self._filled(obs))
+        fill = self._filled(obs)
+        held = {n: self.knobs[f"{n}.workers"].value for n in self._unmeasured - fill}
+        plan = plan_workers(costs, self.knobs, budget - sum(held.values()), extra, float(obs.cpus), demand, reach, fill)
+        return replace(plan, workers={**plan.workers, **held})
+
+    def _filled(self, obs: Observation) -> set[str]:
+        """Stages with remote workers: their local workers take the CPUs the others leave."""
+        return {s.name for s in obs.stages if s.remote_workers > 0 and f"{s.name}.workers" in self.knobs}
 
     def _allocation(self, names: Sequence[str]) -> tuple[int, ...]:
         return tuple(self.knobs[f"{n}.workers"].value for n in names)
@@ -380,9 +459,12 @@ class PlannerPolicy:
         self._check_down, check_down = None, self._check_down
         if self.plan is None or pays or fewer:
             self._adopt(new, obs)
-            if current in self._tried and any(p > c for p, c in zip(planned, current, strict=True)):
-                # a worker added stays only where it pays; a plan of fewer workers, unless it measures below
-                self._probe = Probe(current, planned, in_force, move=False, down=not pays, check_down=check_down)
+            grown = {n for n, p, c in zip(costs.names, planned, current, strict=True) if p > c}
+            if current in self._tried and grown:
+                # a worker added stays only where it pays; a plan of fewer workers, unless it measures below;
+                # local workers beside remote ones, unless it measures below (they pay in remote workers shed)
+                down = not pays or grown <= self._filled(obs)
+                self._probe = Probe(current, planned, in_force, move=False, down=down, check_down=check_down)
         else:
             self.plan = in_force
             if check_down is not None and current[check_down] > self.knobs[f"{costs.names[check_down]}.workers"].min:

@@ -151,8 +151,11 @@ class RemoteReading:
     @property
     def remote_busy(self) -> bool:
         """Whether its remote workers were all busy: its local workers processed rows too (remote
-        workers are served first, so local ones get rows only when none is free)."""
-        return self.local_busy >= 0.05 and self.local_rows >= 0.05 * (self.local_rows + self.remote_rows)
+        workers are served first, so local ones get rows only when none is free): a share of the rows,
+        or, however few they are beside the remote ones, most of their time."""
+        if self.local_busy < 0.05 or self.local_rows <= 0:
+            return False
+        return self.local_busy >= 0.5 or self.local_rows >= 0.05 * (self.local_rows + self.remote_rows)
 
     @property
     def stage_cpu_per_row(self) -> float | None:
