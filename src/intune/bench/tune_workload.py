@@ -53,8 +53,13 @@ class Workload:
     batch_rows: int = 1024
 
 
-READ_CPU_US_PER_ROW = 3.0
-"""CPU microseconds a row of the reader's own work (the payload it builds around the wait)."""
+READ_CPU_US_PER_ROW = 0.35
+"""CPU microseconds a row of the reader's own work (the payload it builds around the wait), as
+``intune bench fidelity`` reads it live (0.3-0.5 us a row on two machines)."""
+READ_WORKER_MB = 0.07
+"""A reader thread's own memory: the chunk in its hands (``bench fidelity``: 0.07 MB live)."""
+UDF_WORKER_MB = 20.0
+"""A UDF process worker's private memory (``bench fidelity``: 19.5-22 MB live on two machines)."""
 UDF_US_PER_LOOP = 0.135
 """CPU microseconds per loop of ``hash_features`` on the development machine: the live search's
 one-UDF-worker allocations run at 12.3-13.3k rows/s with that worker busy (``benchmarks/tune.md``:
@@ -69,9 +74,9 @@ def simulated_spec(workload: Workload = Workload(), name: str = "tune-live"):
 
     Why: ``intune bench agent`` runs policies on it on small machines, the live benchmark's regime, so
     that a loss seen live (the agent holding read 1 / udf 1 on 2 CPUs) is also seen where every policy
-    is scored against the exact optimum. A copy of the shape, not a calibrated twin: its optimum on 2
-    CPUs is read 2 / udf 2 at 20.0k rows/s, where the live search's best was 21-25k rows/s at read 2-4 /
-    udf 2-3."""
+    is scored against the exact optimum. A copy of the shape with the reader's CPU and the workers'
+    memory as ``intune bench fidelity`` reads them live: its optimum on 2 CPUs is read 2 / udf 2 at
+    20.7k rows/s, where the live search's best was 21-25k rows/s at read 2-4 / udf 2-3."""
     from intune.sim import spec_from_dict
 
     row_bytes = 4 * workload.payload_floats + 16  # payload, row id, hash
@@ -96,11 +101,11 @@ def simulated_spec(workload: Workload = Workload(), name: str = "tune-live"):
                 {"name": "ids", "kind": "read", "mode": "thread", "cpu_us_per_row": 0.5, "max_workers": 1,
                  "worker_mb": 1},
                 {"name": "read", "kind": "map", "mode": "thread", "cpu_us_per_row": READ_CPU_US_PER_ROW,
-                 "io_us_per_row": workload.io_ms * 1e3 / workload.chunk_rows, "cpu_cv": 0.2, "worker_mb": 2},
+                 "io_us_per_row": workload.io_ms * 1e3 / workload.chunk_rows, "cpu_cv": 0.2, "worker_mb": READ_WORKER_MB},
                 {"name": "shuffle", "kind": "shuffle", "mode": "thread", "cpu_us_per_row": 1.0,
                  "max_workers": 1, "worker_mb": 1, **buffered("shuffle")},
                 {"name": "udf", "kind": "udf", "mode": "process", "cpu_us_per_row": UDF_US_PER_LOOP * workload.udf_loops,
-                 "cpu_cv": 0.1, "worker_mb": 60},
+                 "cpu_cv": 0.1, "worker_mb": UDF_WORKER_MB},
                 {"name": "prefetch", "kind": "prefetch", "mode": "thread", "cpu_us_per_row": 1.0,
                  "max_workers": 1, "worker_mb": 1, **buffered("prefetch")},
             ],
