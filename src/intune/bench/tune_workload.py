@@ -56,8 +56,9 @@ class Workload:
 READ_CPU_US_PER_ROW = 0.35
 """CPU microseconds a row of the reader's own work (the payload it builds around the wait), as
 ``intune bench fidelity`` reads it live (0.3-0.5 us a row on two machines)."""
-READ_WORKER_MB = 0.07
-"""A reader thread's own memory: the chunk in its hands (``bench fidelity``: 0.07 MB live)."""
+READ_WORKER_MB = 0.0
+"""A reader thread's memory beyond the chunk in its hands, which the simulator adds itself
+(``bench fidelity`` reads 0.07 MB live, the chunk)."""
 UDF_WORKER_MB = 20.0
 """A UDF process worker's private memory (``bench fidelity``: 19.5-22 MB live on two machines)."""
 UDF_US_PER_LOOP = 0.135
