@@ -1,7 +1,8 @@
 """Observation + knobs -> one feature row per knob, each carrying the pipeline-level context.
 
-Owns the agent's view of the world: which signals it sees and how they are normalised. Rows are padded to ``MAX_KNOBS`` so that pipelines of 2 to 8
-stages share one network and one replay buffer. It must not choose actions or touch the knobs.
+Owns the agent's view of the world: which signals it sees and how they are normalised. Rows are
+padded to ``MAX_KNOBS`` so that pipelines of 2 to 8 stages share one network and one replay buffer.
+It must not choose actions or touch the knobs.
 """
 
 from __future__ import annotations

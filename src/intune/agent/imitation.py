@@ -9,8 +9,8 @@ learner (with a share of teacher ticks) and the teacher labels the states the le
 network learns to recover from its own mistakes. Each label is weighted by what it is worth
 (``teacher.label_weights``: the throughput lost if that knob stayed put, or the CPUs its workers past
 the target hold), so that a bottleneck's move outweighs the exact value of a knob on a flat optimum.
-The teacher's target is the reward's optimum (``OraclePolicy``'s default objective). Every rollout goes through
-``intune.sim.run_episode`` (the one runner). It must not be used live: the teacher reads the
+The teacher's target is the reward's optimum (``OraclePolicy``'s default objective). Every rollout
+goes through ``intune.sim.run_episode`` (the one runner). It must not be used live: the teacher reads the
 simulator's true model.
 """
 

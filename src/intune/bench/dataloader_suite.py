@@ -250,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.peer).is_file():
         print(f"intune bench dataloader-suite: --peer {args.peer}: no such file", file=sys.stderr)
         return 2
-    digest = peer_digest(Path(args.peer).read_text())
+    peer_text = Path(args.peer).read_text()
+    digest = peer_digest(peer_text)
     if args.reference and "torch" in modes:
         print("intune bench dataloader-suite: --reference replaces the torch run; drop torch from --modes",
               file=sys.stderr)
@@ -272,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         referenced = f"The `torch` run is the one `{args.reference}` holds (run {when})."
     summary = [{"run": r["mode"], **counts(r["tests"]), "seconds": round(r["seconds"])} for r in results]
     reference = next((r["tests"] for r in results if r["mode"] == "torch"), None)
-    reads = private_reads(Path(args.peer).read_text())
+    reads = private_reads(peer_text)
     short = {} if reference is None else {
         r["mode"]: shortfalls(reference, r["tests"], reads) for r in results if r["mode"] != "torch"
     }

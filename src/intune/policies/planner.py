@@ -37,8 +37,9 @@ Beside remote workers (a stage's ``remote_workers``, sized by the shared rule of
 processed, and the elements its remote workers carried are a rate of their own beside its local
 workers' (``StageCosts.remote``), costing no local CPU. Such a stage then takes the workers the other
 stages leave in the budget, as many as the CPUs the others leave at the planned rate run: local CPUs
-first, the remote ones are what a job pays for, and the sizer sheds those the local workers replace. Those added local workers are judged as fewer workers are (kept
-unless they measure below): at the trainer's demand the rate cannot show what they save.
+first, the remote ones are what a job pays for, and the sizer sheds those the local workers replace.
+Those added local workers are judged as fewer workers are (kept unless they measure below): at the
+trainer's demand the rate cannot show what they save.
 A stage whose remote workers carried almost every element (its local workers under
 ``LOCAL_MIN_SHARE``) keeps its last measured cost, or before any its workers.
 
@@ -140,6 +141,7 @@ class StageCosts:
     remote: tuple[float, ...] = ()
 
     def remote_rate(self, i: int) -> float:
+        """Delivered elements/s stage ``i``'s remote workers carried (0 without a pool)."""
         return self.remote[i] if self.remote else 0.0
 
     def stage_rate(self, i: int, workers: int) -> float:
@@ -344,8 +346,7 @@ class PlannerPolicy:
         self._tried: dict[tuple[int, ...], Measured] = {}  # allocation -> elements/s measured there, at these CPUs
         self._probe: Probe | None = None
         self._unmeasured: set[str] = set()  # stages whose local workers' cost was never measured (``_with_last_costs``)
-        self._unmeasured_before: set[str] = set()
-        self._not_measured: set[str] = set()  # ... or not in the last fit
+        self._held_at_last_gap: set[str] = set()  # ... as of the last fit that missed a stage's cost
         self._check_down: int | None = None  # the stage a kept jump gave several workers: tried at one fewer
         self.probes_kept = 0
         self._ceiling, self._ceiling_until = math.inf, 0  # ``StageCosts.ceiling`` and the tick it ends
@@ -375,11 +376,11 @@ class PlannerPolicy:
             rates = [o.stages[-1].items_per_s for o in self._window]
             self._window.clear()
             if costs is not None:
-                costs = self._with_last_costs(costs)
                 for name, work in zip(costs.names, costs.work, strict=True):
-                    if name not in self._not_measured:
+                    if not math.isnan(work):  # a cost not measured is no point of the stage's scaling
                         w = self.knobs[f"{name}.workers"].value
                         self._seen.setdefault(name, deque(maxlen=SCALING_FITS)).append((w, work))
+                costs = self._with_last_costs(costs)
                 if obs.tick >= self._ceiling_until:
                     self._ceiling = math.inf
                 costs = self.costs = replace(with_scaling(costs, self._seen), ceiling=self._ceiling)
@@ -404,19 +405,19 @@ class PlannerPolicy:
         almost every element) at its last fitted cost; before any, the stage is held at the workers it
         has (``_unmeasured``): nothing measured says it needs fewer or more."""
         self._unmeasured = set()
-        self._not_measured = {n for n, w in zip(costs.names, costs.work, strict=True) if math.isnan(w)}
-        if not self._not_measured:
+        if not any(math.isnan(w) for w in costs.work):
             return costs
         last = self.costs if self.costs is not None and self.costs.names == costs.names else None
         work, cpu = list(costs.work), list(costs.cpu_work)
         for i, name in enumerate(costs.names):
-            if name in self._not_measured:
-                if last is None or last.names[i] in self._unmeasured_before:
-                    self._unmeasured.add(name)
-                    work[i] = cpu[i] = 0.0  # not planned: held (``_new_plan``)
-                else:
-                    work[i], cpu[i] = last.work[i], last.cpu_work[i]
-        self._unmeasured_before = set(self._unmeasured)
+            if not math.isnan(work[i]):
+                continue
+            if last is None or name in self._held_at_last_gap:
+                self._unmeasured.add(name)
+                work[i] = cpu[i] = 0.0  # not planned: held (``_new_plan``)
+            else:
+                work[i], cpu[i] = last.work[i], last.cpu_work[i]
+        self._held_at_last_gap = set(self._unmeasured)
         return replace(costs, work=tuple(work), cpu_work=tuple(cpu))
 
     def _new_plan(self, obs: Observation, costs: StageCosts) -> Plan:
@@ -425,12 +426,10 @@ class PlannerPolicy:
         demand = obs.demand / costs.rows_per_item if obs.demand > 0 and costs.rows_per_item > 0 else 0.0
         reach = {n: 2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1
                  for n in costs.names}
-        if not self._unmeasured:
-            return plan_workers(costs, self.knobs, budget, extra, float(obs.cpus), demand, reach, self._filled(obs))
         fill = self._filled(obs)
         held = {n: self.knobs[f"{n}.workers"].value for n in self._unmeasured - fill}
         plan = plan_workers(costs, self.knobs, budget - sum(held.values()), extra, float(obs.cpus), demand, reach, fill)
-        return replace(plan, workers={**plan.workers, **held})
+        return replace(plan, workers={**plan.workers, **held}) if held else plan
 
     def _filled(self, obs: Observation) -> set[str]:
         """Stages with remote workers: their local workers take the CPUs the others leave."""
