@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from intune.bench import md_report
 from intune.bench import tune_workload as wl
 from intune.bench.machine_control import MemoryCgroup, memory_cgroup_unavailable
@@ -190,30 +192,11 @@ def _exactly_once_rows(benchmark: str, policy: str, check: dict[str, int]) -> li
 # -- the three benchmarks --------------------------------------------------------------------------------
 
 
-def bench_convergence(
-    policies: Sequence[str], s: Settings, searches: dict[int, wl.SearchResult], history_dir: str | None
-) -> list[dict[str, Any]]:
-    from intune import monitor
-
+def bench_convergence(policies: Sequence[str], s: Settings, history_dir: str | None) -> list[dict[str, Any]]:
+    """Every policy from the even split for ``run_s``: its closing rate, final allocation and its rate
+    each second (``rates_per_s``), which ``scored_rows`` holds against the searches' best."""
     workload = wl.Workload()
-    cpus = int(monitor.available_cpus())
-    if cpus not in searches:
-        searches[cpus] = wl.search_best(workload, s.search_grid, s.warmup_s, s.measure_s)
-    search = searches[cpus]
-    best = search.best_rows_per_s
-    within, within_rate = search.best_within(wl.grid_cpu_budget(workload, s.search_grid, cpus))
-    rows = [
-        _row("convergence", "exhaustive", "best_rows_per_s", best, "", "rows/s"),
-        _row("convergence", "exhaustive", "best_allocation", _fmt_alloc(search.best)),
-        _row(
-            "convergence",
-            "exhaustive",
-            "best_within_cpu_budget_rows_per_s",
-            within_rate,
-            _fmt_alloc(within),
-            "rows/s",
-        ),
-    ]
+    rows = []
     for policy in policies:
         print(f"convergence: {policy} for {s.run_s:.0f} s", flush=True)
         try:
@@ -222,63 +205,39 @@ def bench_convergence(
             rows.append(_row("convergence", policy, "error", f"{type(exc).__name__}: {exc}"))
             continue
         _save_history(history_dir, f"convergence-{policy}", run.history)
-        rates = run.arrivals.timeline(s.run_s)
-        tail = run.arrivals.rate(s.run_s - s.tail_s, s.run_s)
-        reached = wl.first_sustained(rates, 0.9 * best, s.window_bins)
         knobs = run.history[-1]["knobs"] if run.history else {}
         rows += [
-            _row("convergence", policy, f"rows_per_s_last_{s.tail_s:.0f}s", tail, "", "rows/s"),
-            _row("convergence", policy, "fraction_of_best", tail / best if best else 0.0, ">= 0.9", "x"),
             _row(
                 "convergence",
                 policy,
-                "fraction_of_cpu_budget_best",
-                tail / within_rate if within_rate else 0.0,
-                ">= 0.9",
-                "x",
+                f"rows_per_s_last_{s.tail_s:.0f}s",
+                run.arrivals.rate(s.run_s - s.tail_s, s.run_s),
+                "",
+                "rows/s",
             ),
-            _row("convergence", policy, "time_to_90pct_s", reached, f"<= {s.run_s:.0f}", "s"),
             _row(
                 "convergence",
                 policy,
                 "final_allocation",
                 _fmt_alloc({k: v for k, v in knobs.items() if k.endswith("workers")}),
             ),
+            _row("convergence", policy, "rates_per_s", _rates(run.arrivals.timeline(s.run_s)), "", "rows/s each second"),
             *_run_rows("convergence", policy, run),
         ]
     return rows
 
 
-def bench_resize(
-    policies: Sequence[str], s: Settings, searches: dict[int, wl.SearchResult], history_dir: str | None
-) -> list[dict[str, Any]]:
-    from intune import monitor
+def resize_phases(s: Settings, full: int) -> list[tuple[float, int]]:
+    """(start s, CPUs) of the resize run's three phases: all CPUs, one, all again."""
+    return [(0.0, full), (s.phase_s, 1), (2 * s.phase_s, full)]
 
-    full = int(monitor.available_cpus())
-    if full < 2:
-        return [_row("resize", "-", "skipped", f"needs 2 CPUs, this process has {full}")]
+
+def bench_resize(policies: Sequence[str], s: Settings, full: int, history_dir: str | None) -> list[dict[str, Any]]:
+    """Every policy through ``resize_phases``: each phase's rate, the CPUs the monitor saw, and its rate
+    each second (``rates_per_s``), which ``scored_rows`` holds against each phase's best."""
     workload = wl.Workload()
-    for cpus in (full, 1):
-        if cpus not in searches:
-            searches[cpus] = wl.search_best(
-                workload, s.search_grid, s.warmup_s, s.measure_s, cpus if cpus != full else None
-            )
-    phases = [(0.0, full), (s.phase_s, 1), (2 * s.phase_s, full)]
-    rows = [
-        _row(
-            "resize",
-            "exhaustive",
-            f"best_rows_per_s_{c}cpu",
-            searches[c].best_rows_per_s,
-            _fmt_alloc(searches[c].best),
-            "rows/s",
-        )
-        for c in (full, 1)
-    ]
-    # fewer CPUs can never truly do better: a 1-CPU best above the full best is noise, so cap it
-    phase_best = {full: searches[full].best_rows_per_s}
-    phase_best[1] = min(searches[1].best_rows_per_s, phase_best[full])
-    rows.append(_row("resize", "exhaustive", "phase_best_used_1cpu", phase_best[1], "", "rows/s"))
+    phases = resize_phases(s, full)
+    rows = []
     for policy in policies:
         print(f"resize: {policy} for {3 * s.phase_s:.0f} s ({full} -> 1 -> {full} CPUs)", flush=True)
         try:
@@ -287,24 +246,10 @@ def bench_resize(
             rows.append(_row("resize", policy, "error", f"{type(exc).__name__}: {exc}"))
             continue
         _save_history(history_dir, f"resize-{policy}", run.history)
-        rates = run.arrivals.timeline(3 * s.phase_s)
         for i, (start, cpus) in enumerate(phases):
-            end = int(start + s.phase_s)
-            best = phase_best[cpus]
             seen = next(
                 (e["monitor_cpus"] for e in run.events if e["cpus"] == cpus and e["time_s"] >= start - 1),
                 None,
-            )
-            t = wl.first_sustained(rates[:end], 0.9 * best, s.window_bins, start=int(start))
-            rows.append(
-                _row(
-                    "resize",
-                    policy,
-                    f"phase{i}_{cpus}cpu_reconverge_s",
-                    t,
-                    f"<= {min(30.0 if i else 60.0, s.phase_s):.0f}",
-                    "s",
-                )
             )
             rows.append(
                 _row(
@@ -318,8 +263,80 @@ def bench_resize(
             )
             if i:
                 rows.append(_row("resize", policy, f"phase{i}_monitor_cpus", seen, f"= {cpus}", "cpus"))
+        rows.append(_row("resize", policy, "rates_per_s", _rates(run.arrivals.timeline(3 * s.phase_s)), "", "rows/s each second"))
         rows += _run_rows("resize", policy, run)
     return rows
+
+
+def _rates(timeline: Any) -> list[float]:
+    return [round(float(x), 1) for x in timeline]
+
+
+def scored_rows(
+    rows: Sequence[dict[str, Any]], reference: dict[int, wl.SearchResult], s: Settings, full: int
+) -> list[dict[str, Any]]:
+    """The rows measured against the searches' best (``reference``, one per CPU count, each
+    ``wl.median_search`` over every round's search): the convergence runs' share of the best and
+    their time to 90% of it; each resize phase's time to 90% of that phase's best.
+
+    Scored after every round, so that every run is held against the same best, measured in every
+    round beside the runs (the machine's spells fall on both alike)."""
+    out: list[dict[str, Any]] = []
+    if full in reference:
+        search = reference[full]
+        best = search.best_rows_per_s
+        within, within_rate = search.best_within(wl.grid_cpu_budget(wl.Workload(), s.search_grid, full))
+        out += [
+            _row("convergence", "exhaustive", "best_rows_per_s", best, _fmt_alloc(search.best), "rows/s"),
+            _row("convergence", "exhaustive", "best_within_cpu_budget_rows_per_s", within_rate, _fmt_alloc(within), "rows/s"),
+        ]
+    if 1 in reference and full in reference:
+        # fewer CPUs can never truly do better: a 1-CPU best above the full best is noise, so cap it
+        out.append(
+            _row(
+                "resize",
+                "exhaustive",
+                "best_rows_per_s_1cpu",
+                min(reference[1].best_rows_per_s, reference[full].best_rows_per_s),
+                _fmt_alloc(reference[1].best),
+                "rows/s",
+            )
+        )
+    for r in rows:
+        if r["metric"] != "rates_per_s" or r["policy"] == "exhaustive":
+            continue
+        tagged = {"round": r["round"]} if "round" in r else {}
+        rates, policy = r["value"], r["policy"]
+        if r["benchmark"] == "convergence" and full in reference:
+            best = reference[full].best_rows_per_s
+            tail = float(np.mean(rates[-int(s.tail_s) :])) if rates else 0.0
+            out += [
+                {**tagged, **_row("convergence", policy, "fraction_of_best", tail / best if best else 0.0, ">= 0.9", "x")},
+                {
+                    **tagged,
+                    **_row(
+                        "convergence",
+                        policy,
+                        "fraction_of_cpu_budget_best",
+                        tail / within_rate if within_rate else 0.0,
+                        ">= 0.9",
+                        "x",
+                    ),
+                },
+                {
+                    **tagged,
+                    **_row("convergence", policy, "time_to_90pct_s", wl.first_sustained(rates, 0.9 * best, s.window_bins), "<= 20", "s"),
+                },
+            ]
+        if r["benchmark"] == "resize" and 1 in reference and full in reference:
+            phase_best = {full: reference[full].best_rows_per_s}
+            phase_best[1] = min(reference[1].best_rows_per_s, phase_best[full])
+            for i, (start, cpus) in enumerate(resize_phases(s, full)):
+                end = int(start + s.phase_s)
+                t = wl.first_sustained(rates[:end], 0.9 * phase_best[cpus], s.window_bins, start=int(start))
+                target = f"<= {min(30.0 if i else 20.0, s.phase_s):.0f}"
+                out.append({**tagged, **_row("resize", policy, f"phase{i}_{cpus}cpu_reconverge_s", t, target, "s")})
+    return out
 
 
 def memory_child(config_path: str) -> None:
@@ -479,6 +496,12 @@ def default_policies() -> list[str]:
     return names
 
 
+def _available_cpus() -> float:
+    from intune import monitor
+
+    return monitor.available_cpus()
+
+
 def run(args: argparse.Namespace) -> int:
     from intune.policies import POLICY_NAMES
 
@@ -488,24 +511,48 @@ def run(args: argparse.Namespace) -> int:
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
     settings = Settings.make(bool(args.quick), float(args.tick))
-    searches: dict[int, wl.SearchResult] = {}
+    full = int(_available_cpus())
+    resize = "resize" in only and full >= 2
+    searched = sorted({*([full] if "convergence" in only or resize else []), *([1] if resize else [])}, reverse=True)
+    searches: dict[int, list[wl.SearchResult]] = {c: [] for c in searched}
     rows: list[dict[str, Any]] = []
     print(f"policies compared: {', '.join(policies)}", flush=True)
     for r in range(1, rounds + 1):
-        # rounds outermost: the policies' repeats share the machine's slow and fast spells alike
+        # rounds outermost: the policies' repeats and the searches share the machine's slow and fast spells alike
         history = str(Path(args.history) / f"round{r}") if args.history and rounds > 1 else args.history
         found: list[dict[str, Any]] = []
+        for cpus in searched:
+            print(f"search: {len(wl.allocations(settings.search_grid))} allocations at {cpus} CPUs", flush=True)
+            searches[cpus].append(
+                wl.search_best(
+                    wl.Workload(), settings.search_grid, settings.warmup_s, settings.measure_s,
+                    cpus if cpus != full else None, rotate=r - 1,
+                )
+            )
         if "convergence" in only:
-            found += bench_convergence(policies, settings, searches, history)
+            found += bench_convergence(policies, settings, history)
         if "resize" in only:
-            found += bench_resize(policies, settings, searches, history)
+            if resize:
+                found += bench_resize(policies, settings, full, history)
+            else:
+                found.append(_row("resize", "-", "skipped", f"needs 2 CPUs, this process has {full}"))
         for bench in ("memory", "memory-floor"):
             if bench in only:
                 found += bench_memory(policies, settings, history, bench)
         rows += [{"round": r, **row} for row in found]
-    print(format_table(rows, ROW_COLUMNS))
+    reference = {c: wl.median_search(found_searches) for c, found_searches in searches.items()}
+    rows += scored_rows(rows, reference, settings, full)
+    print(format_table([r for r in rows if r["metric"] != "rates_per_s"], ROW_COLUMNS))
     search_rows = {
-        str(c): [{"allocation": a, "rows_per_s": r} for a, r in res.measured] for c, res in searches.items()
+        str(c): [
+            {
+                "allocation": alloc,
+                "rows_per_s": rate,
+                "rounds": [found_search.measured[i][1] for found_search in searches[c]],
+            }
+            for i, (alloc, rate) in enumerate(res.measured)
+        ]
+        for c, res in reference.items()
     }
     if args.json:
         write_json(
@@ -544,7 +591,8 @@ def markdown_report(
         "once per benchmark: one run each, so no spread"
         if rounds == 1
         else f"{rounds} times per benchmark, interleaved (every policy once, then again); a figure of "
-        "several runs is their median (range over the runs); a search is measured once"
+        "several runs is their median (range over the runs); the search is measured in every round, "
+        "beside the runs, and the best is the allocation whose median over the rounds is highest"
     )
     context = [
         md_report.load_line(),
@@ -556,7 +604,8 @@ def markdown_report(
         md_report.section("Per policy", rows=summary_rows(rows, settings["tail_s"])),
         md_report.section(
             "Exhaustive search",
-            ["Rows/s of every allocation of the grid, measured live, by the CPUs the process had."],
+            ["Rows/s of every allocation of the grid, measured live, by the CPUs the process had: the median "
+             "(range) over the rounds, each round's search starting one allocation further along the grid."],
             search_table(searches),
         ),
         md_report.section(
@@ -640,7 +689,12 @@ def search_table(searches: dict[str, list[dict[str, Any]]]) -> list[dict[str, st
     for cpus, measured in searches.items():
         for m in measured:
             row = cells.setdefault(_fmt_alloc(m["allocation"]), {"allocation": _fmt_alloc(m["allocation"])})
-            row[f"rows/s, {cpus} CPUs"] = _fmt(m["rows_per_s"], ",.0f")
+            rounds = m.get("rounds") or [m["rows_per_s"]]
+            row[f"rows/s, {cpus} CPUs"] = (
+                _fmt(m["rows_per_s"], ",.0f")
+                if len(rounds) == 1
+                else f"{_fmt(m['rows_per_s'], ',.0f')} ({_fmt(min(rounds), ',.0f')}–{_fmt(max(rounds), ',.0f')})"
+            )
     return list(cells.values())
 
 

@@ -315,12 +315,39 @@ class SearchResult:
 
 
 def exhaustive_search(
-    grid: Mapping[str, Sequence[int]], measure: Callable[[dict[str, int]], float]
+    grid: Mapping[str, Sequence[int]], measure: Callable[[dict[str, int]], float], rotate: int = 0
 ) -> SearchResult:
-    """Measure every allocation of ``grid`` with ``measure`` (rows/s) and keep the best."""
-    measured = [(alloc, float(measure(alloc))) for alloc in allocations(grid)]
-    if not measured:
+    """Measure every allocation of ``grid`` with ``measure`` (rows/s) and keep the best.
+
+    The allocations are measured in grid order rotated by ``rotate`` places, so that repeated searches
+    start at different allocations and a slow or fast spell of a shared machine does not always fall
+    on the same ones; ``measured`` lists them in grid order."""
+    grid_order = allocations(grid)
+    if not grid_order:
         raise ValueError("exhaustive search: the grid is empty")
+    shift = rotate % len(grid_order)
+    rates = {i: float(measure(grid_order[i])) for i in [*range(shift, len(grid_order)), *range(shift)]}
+    measured = [(alloc, rates[i]) for i, alloc in enumerate(grid_order)]
+    best, rate = max(measured, key=lambda ar: ar[1])
+    return SearchResult(best=best, best_rows_per_s=rate, measured=measured)
+
+
+def median_search(searches: Sequence[SearchResult]) -> SearchResult:
+    """Repeated searches of one grid as one: each allocation at its median rate; the best is the
+    highest median.
+
+    Why: on a shared machine one short measurement of an allocation varies by a fifth with the spell it
+    ran in, so the highest of many single measurements is the luckiest, not the best: a reference no
+    allocation sustains. The median of each allocation over interleaved repeats is what it sustains."""
+    if not searches:
+        raise ValueError("median_search: no searches")
+    first = [alloc for alloc, _ in searches[0].measured]
+    for s in searches[1:]:
+        if [alloc for alloc, _ in s.measured] != first:
+            raise ValueError("median_search: the searches measured different grids")
+    measured = [
+        (alloc, float(np.median([s.measured[i][1] for s in searches]))) for i, alloc in enumerate(first)
+    ]
     best, rate = max(measured, key=lambda ar: ar[1])
     return SearchResult(best=best, best_rows_per_s=rate, measured=measured)
 
@@ -437,8 +464,10 @@ def search_best(
     warmup_s: float,
     measure_s: float,
     cpus: int | None = None,
+    rotate: int = 0,
 ) -> SearchResult:
-    """The exhaustive search on a live pipeline, optionally restricted to ``cpus`` CPUs."""
+    """The exhaustive search on a live pipeline, optionally restricted to ``cpus`` CPUs, its order
+    rotated by ``rotate`` (``exhaustive_search``)."""
     restriction = CpuRestriction()
     if cpus is not None:
         restriction.limit(cpus)
@@ -446,7 +475,7 @@ def search_best(
     pipe = build_pipeline(workload, source)
     try:
         batches = iter(pipe)
-        return exhaustive_search(grid, live_measure(pipe, batches, warmup_s, measure_s))
+        return exhaustive_search(grid, live_measure(pipe, batches, warmup_s, measure_s), rotate)
     finally:
         source.stop()
         pipe.close()
