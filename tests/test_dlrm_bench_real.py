@@ -161,6 +161,14 @@ def test_plan_lists_every_system_and_skips_what_is_missing() -> None:
         ("pytorch-dataloader", "num_workers=3"),
         ("intune-engine", "none"),
     ]
+    # any live policy may be asked for by name; a name that is no system is refused, never left out silently
+    asked = real.available_systems(["intune-engine:intune", "intune-engine:planner+agent", "intune-engine:steer"])
+    assert [(e.system, e.policy) for e in asked] == [
+        ("intune-engine", "intune"), ("intune-engine", "planner+agent"), ("intune-engine", "steer"),
+    ]
+    for bad in ("intune-engine:planner-agent", "intune-engine:oracle", "tfdata"):
+        with pytest.raises(SystemExit, match=f"unknown system '{bad}'.*intune-engine:POLICY"):
+            real.available_systems([bad])
     # a round: the costs, the systems, then the static sweep (udf 1..3, the reader at 1..2; 1 in quick)
     full = real.plan_runs(["intune-engine:none"], cpus=2.0, quick=False)
     assert [e.role for e in full] == ["costs", "system", *["static-sweep"] * 6]

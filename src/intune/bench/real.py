@@ -171,11 +171,34 @@ def available_systems(only: list[str] | None, cpus: float = 2.0) -> list[Entry]:
         plan.append(Entry("intune-engine", policy, reason))
     if only:
         wanted = set(only)
+        known = {e.system for e in plan} | {f"{e.system}:{e.policy}" for e in plan}
         plan = [e for e in plan if e.system in wanted or f"{e.system}:{e.policy}" in wanted]
-        plan += [
-            Entry("intune-engine", w.split(":", 1)[1]) for w in only if w.startswith("intune-engine:fixed:")
-        ]
+        for w in only:
+            if w.startswith("intune-engine:fixed:"):
+                plan.append(Entry("intune-engine", w.split(":", 1)[1]))
+            elif w not in known:
+                plan.append(_requested_engine_policy(w, sorted(known)))
     return plan
+
+
+def _requested_engine_policy(name: str, known: list[str]) -> Entry:
+    """``intune-engine:POLICY`` for a policy outside the default comparison (``planner+agent``, ``steer``):
+    any live policy may be asked for; any other name is refused, naming the choices, rather than left
+    out of the results without a word."""
+    from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, make
+
+    system, _, policy = name.partition(":")
+    if system != "intune-engine" or policy not in POLICY_NAMES or policy in SIMULATOR_ONLY:
+        live = [p for p in POLICY_NAMES if p not in SIMULATOR_ONLY]
+        raise SystemExit(
+            f"--systems: unknown system {name!r}; choose from {', '.join(known)}, intune-engine:POLICY for "
+            f"a policy among {', '.join(live)}, or intune-engine:fixed:KNOB=N+KNOB=N"
+        )
+    try:
+        make(policy)
+    except Exception as exc:  # noqa: BLE001 - a policy that cannot be built is skipped, with why
+        return Entry("intune-engine", policy, f"policy unavailable: {type(exc).__name__}: {str(exc)[:100]}")
+    return Entry("intune-engine", policy)
 
 
 def plan_runs(only: list[str] | None, cpus: float, quick: bool, sweep: bool = True) -> list[Entry]:
