@@ -147,8 +147,6 @@ def available_systems(only: list[str] | None, cpus: float = 2.0) -> list[Entry]:
     allocations (``intune-engine:fixed:udf.workers=2``), which run only on request."""
     import importlib.util
 
-    from intune.policies import make
-
     plan = [
         Entry("pytorch-dataloader", f"num_workers={n}", role="dataloader-sweep")
         for n in dataloader_sweep(cpus)
@@ -162,13 +160,7 @@ def available_systems(only: list[str] | None, cpus: float = 2.0) -> list[Entry]:
     )
     tf_missing = None if importlib.util.find_spec("tensorflow") else "tensorflow not installed (extra 'tf')"
     plan.append(Entry("tf.data", "AUTOTUNE", tf_missing))
-    for policy in ENGINE_POLICIES:
-        reason = None
-        try:
-            make(policy)
-        except Exception as exc:  # noqa: BLE001 - a policy that cannot be built is skipped, with why
-            reason = f"policy unavailable: {type(exc).__name__}: {str(exc)[:100]}"
-        plan.append(Entry("intune-engine", policy, reason))
+    plan += [_engine_entry(policy) for policy in ENGINE_POLICIES]
     if only:
         wanted = set(only)
         known = {e.system for e in plan} | {f"{e.system}:{e.policy}" for e in plan}
@@ -185,7 +177,7 @@ def _requested_engine_policy(name: str, known: list[str]) -> Entry:
     """``intune-engine:POLICY`` for a policy outside the default comparison (``planner+agent``, ``steer``):
     any live policy may be asked for; any other name is refused, naming the choices, rather than left
     out of the results without a word."""
-    from intune.policies import POLICY_NAMES, SIMULATOR_ONLY, make
+    from intune.policies import POLICY_NAMES, SIMULATOR_ONLY
 
     system, _, policy = name.partition(":")
     if system != "intune-engine" or policy not in POLICY_NAMES or policy in SIMULATOR_ONLY:
@@ -194,6 +186,13 @@ def _requested_engine_policy(name: str, known: list[str]) -> Entry:
             f"--systems: unknown system {name!r}; choose from {', '.join(known)}, intune-engine:POLICY for "
             f"a policy among {', '.join(live)}, or intune-engine:fixed:KNOB=N+KNOB=N"
         )
+    return _engine_entry(policy)
+
+
+def _engine_entry(policy: str) -> Entry:
+    """The engine under ``policy``, skipped (with why) where the policy cannot be built here."""
+    from intune.policies import make
+
     try:
         make(policy)
     except Exception as exc:  # noqa: BLE001 - a policy that cannot be built is skipped, with why

@@ -290,17 +290,13 @@ def scored_rows(
             _row("convergence", "exhaustive", "best_rows_per_s", best, _fmt_alloc(search.best), "rows/s"),
             _row("convergence", "exhaustive", "best_within_cpu_budget_rows_per_s", within_rate, _fmt_alloc(within), "rows/s"),
         ]
+    phase_best: dict[int, float] = {}
     if 1 in reference and full in reference:
         # fewer CPUs can never truly do better: a 1-CPU best above the full best is noise, so cap it
+        phase_best = {full: reference[full].best_rows_per_s}
+        phase_best[1] = min(reference[1].best_rows_per_s, phase_best[full])
         out.append(
-            _row(
-                "resize",
-                "exhaustive",
-                "best_rows_per_s_1cpu",
-                min(reference[1].best_rows_per_s, reference[full].best_rows_per_s),
-                _fmt_alloc(reference[1].best),
-                "rows/s",
-            )
+            _row("resize", "exhaustive", "best_rows_per_s_1cpu", phase_best[1], _fmt_alloc(reference[1].best), "rows/s")
         )
     for r in rows:
         if r["metric"] != "rates_per_s" or r["policy"] == "exhaustive":
@@ -328,9 +324,7 @@ def scored_rows(
                     **_row("convergence", policy, "time_to_90pct_s", wl.first_sustained(rates, 0.9 * best, s.window_bins), "<= 20", "s"),
                 },
             ]
-        if r["benchmark"] == "resize" and 1 in reference and full in reference:
-            phase_best = {full: reference[full].best_rows_per_s}
-            phase_best[1] = min(reference[1].best_rows_per_s, phase_best[full])
+        if r["benchmark"] == "resize" and phase_best:
             for i, (start, cpus) in enumerate(resize_phases(s, full)):
                 end = int(start + s.phase_s)
                 t = wl.first_sustained(rates[:end], 0.9 * phase_best[cpus], s.window_bins, start=int(start))
@@ -496,13 +490,8 @@ def default_policies() -> list[str]:
     return names
 
 
-def _available_cpus() -> float:
-    from intune import monitor
-
-    return monitor.available_cpus()
-
-
 def run(args: argparse.Namespace) -> int:
+    from intune import monitor
     from intune.policies import POLICY_NAMES
 
     policies = _split(args.policies, POLICY_NAMES, "policies") or default_policies()
@@ -511,9 +500,9 @@ def run(args: argparse.Namespace) -> int:
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
     settings = Settings.make(bool(args.quick), float(args.tick))
-    full = int(_available_cpus())
+    full = int(monitor.available_cpus())
     resize = "resize" in only and full >= 2
-    searched = sorted({*([full] if "convergence" in only or resize else []), *([1] if resize else [])}, reverse=True)
+    searched = ([full] if "convergence" in only or resize else []) + ([1] if resize else [])
     searches: dict[int, list[wl.SearchResult]] = {c: [] for c in searched}
     rows: list[dict[str, Any]] = []
     print(f"policies compared: {', '.join(policies)}", flush=True)
