@@ -11,7 +11,7 @@ import pytest
 from _knobs import dict_knobs, kind_of
 from intune.monitor.observation import Observation, StageObservation, cpu_slack
 from intune.policies import make
-from intune.policies.planner import GAIN, Measured, StageCosts, fit_costs, plan_workers, with_scaling
+from intune.policies.planner import GAIN, Measured, Plan, StageCosts, fit_costs, plan_workers, with_scaling
 from intune.policies.safety import PROBE_WORKER_BYTES, SafetyLayer
 from intune.sim import Simulator, constant_schedule, run_episode, stepped_schedule
 from intune.sim.spec import spec_from_dict
@@ -171,6 +171,23 @@ def test_re_plans_at_once_when_the_cpus_change():
     assert policy.plans >= 2
     assert udf[29] > 4 and udf[31] <= 4  # the tick after the resize already plans for 4 CPUs
     assert not r.oom.any()
+
+
+@pytest.mark.parametrize(("before", "after", "workers"), [(4.0, 8.0, {"read": 5, "udf": 6}), (16.0, 8.0, {"read": 1, "udf": 5})])
+def test_at_a_resize_each_stage_moves_the_way_the_cpus_did_or_holds(before, after, workers):
+    # the plan in force (read 5 / udf 5) was made on older costs; the costs fitted since say the reader
+    # is cheap and the UDF dear, so a plan on them alone is read 1 / udf 6 at 8 CPUs, from 4 or from 16
+    knobs, _ = dict_knobs({**SPEC, "read.workers": ("cpu", 1, 32, 5), "udf.workers": ("cpu", 1, 32, 5)})
+    stages = [_stage("read", 0.01, workers=5), _stage("udf", 0.06, workers=5), _stage("prefetch", 0.001)]
+    costs = StageCosts(("read", "udf", "prefetch"), (0.01, 0.06, 0.001), (0.01, 0.06, 0.001), (False,) * 3, (False,) * 3, 1.0)
+    assert plan_workers(costs, knobs, budget=8, extra=0, cpus=8.0).workers == {"read": 1, "udf": 6, "prefetch": 1}
+    policy = make("planner")
+    policy.reset(knobs, _obs(stages, cpus=before))
+    policy.step(_obs(stages, cpus=before))  # the start
+    policy.costs, policy.plan = costs, Plan({"read": 5, "udf": 5, "prefetch": 1}, 80.0, before)
+    policy.step(_obs(stages, cpus=after))
+    # more CPUs: no stage sheds a worker the re-fit alone says it can spare; fewer: none gains one
+    assert {n: policy.plan.workers[n] for n in ("read", "udf")} == workers
 
 
 def test_holds_its_plan_on_noise_alone():

@@ -30,7 +30,8 @@ limit outside the stages' costs: the consumer's process, a lock the workers shar
 comes from the tick-to-tick spread, so on a shared machine, where ticks vary by a third, a worker must
 show a larger gain to stay: measurement noise alone never adds one.
 A change of CPUs re-plans at once on the last costs (a CPU's work per element does not change with the
-CPU count) and the model is then re-fitted at the new allocation.
+CPU count), each stage moving the way the CPUs did or holding (``_resize_plan``), and the model is then
+re-fitted at the new allocation.
 
 Beside remote workers (a stage's ``remote_workers``, sized by the shared rule of
 ``intune.policies.remote_sizing``): the stage's cost is its local workers' over the elements they
@@ -370,7 +371,7 @@ class PlannerPolicy:
             self._probe = None
             self._ceiling = math.inf
             self.costs = replace(self.costs, ceiling=math.inf)
-            self._adopt(self._new_plan(obs, self.costs), obs)
+            self._adopt(self._resize_plan(obs, self.costs, self.plan.cpus), obs)
         elif len(self._window) >= PROFILE_TICKS:
             costs = fit_costs(list(self._window), self.knobs)
             rates = [o.stages[-1].items_per_s for o in self._window]
@@ -430,6 +431,18 @@ class PlannerPolicy:
         held = {n: self.knobs[f"{n}.workers"].value for n in self._unmeasured - fill}
         plan = plan_workers(costs, self.knobs, budget - sum(held.values()), extra, float(obs.cpus), demand, reach, fill)
         return replace(plan, workers={**plan.workers, **held}) if held else plan
+
+    def _resize_plan(self, obs: Observation, costs: StageCosts, before: float) -> Plan:
+        """The plan at a change of CPUs: each stage moves the way the CPUs did or holds. A CPU's work per
+        element does not change with their count, so on the costs in force a higher rate needs no stage
+        to shed workers and a lower one none to gain them; a plan that says otherwise reads a re-fitted
+        model no measurement has judged yet, and that is for the next fit's review to try."""
+        plan = self._new_plan(obs, costs)
+        current = dict(zip(costs.names, self._allocation(costs.names), strict=True))
+        grow = float(obs.cpus) > before
+        workers = {n: (max if grow else min)(w, current[n]) for n, w in plan.workers.items()}
+        alloc = [workers[n] for n in costs.names]
+        return Plan(workers, costs.rate(alloc, float(obs.cpus)), float(obs.cpus))
 
     def _filled(self, obs: Observation) -> set[str]:
         """Stages with remote workers: their local workers take the CPUs the others leave."""
