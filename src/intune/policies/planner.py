@@ -438,11 +438,9 @@ class PlannerPolicy:
         to shed workers and a lower one none to gain them; a plan that says otherwise reads a re-fitted
         model no measurement has judged yet, and that is for the next fit's review to try."""
         plan = self._new_plan(obs, costs)
-        current = dict(zip(costs.names, self._allocation(costs.names), strict=True))
-        grow = float(obs.cpus) > before
-        workers = {n: (max if grow else min)(w, current[n]) for n, w in plan.workers.items()}
-        alloc = [workers[n] for n in costs.names]
-        return Plan(workers, costs.rate(alloc, float(obs.cpus)), float(obs.cpus))
+        bound = max if float(obs.cpus) > before else min
+        alloc = [bound(plan.workers[n], w) for n, w in zip(costs.names, self._allocation(costs.names), strict=True)]
+        return Plan(dict(zip(costs.names, alloc, strict=True)), costs.rate(alloc, float(obs.cpus)), float(obs.cpus))
 
     def _filled(self, obs: Observation) -> set[str]:
         """Stages with remote workers: their local workers take the CPUs the others leave."""
