@@ -463,3 +463,33 @@ def _ticks_checked_against_fresh_layers(seed: int) -> int:
 
     run_episode(sim, make("steer"), 120, on_tick=on_tick)
     return checked
+
+
+def _cheap_then_heavy_climb(seed: int) -> tuple[SafetyLayer, Observation, dict[str, int], float]:
+    """A base past the margin; a (thread workers, 100 MB each) climbs 1 -> 25, then b (process workers,
+    1.2 GB each) 1 -> 8, memory read with 2% noise, the last reading one standard deviation low: the layer,
+    that reading, the workers, and the memory truly used."""
+    rng = np.random.default_rng(seed)
+    values = {"a.workers": 1, "b.workers": 1}
+    safety = SafetyLayer(_knobs(values), DELTAS, margin=0.8)
+    obs = None
+    for t in range(32):
+        used = 84 * GB + 100 * MB * values["a.workers"] + 1200 * MB * values["b.workers"]
+        z = rng.standard_normal() if t < 31 else -1.0
+        obs = _obs(values, cpus=64, used_gb=used * (1 + 0.02 * z) / GB, limit_gb=100.0, modes={"a": "thread", "b": "process"})
+        safety.mask(obs)
+        if t < 24:
+            values["a.workers"] += 1
+        elif t < 31:
+            values["b.workers"] += 1
+    assert obs is not None
+    return safety, obs, values, used
+
+
+def test_after_cheap_workers_then_heavy_ones_the_settled_memory_covers_what_is_used():
+    # one slope over the total worker count reads b's workers at a's price and settles 3-5% under what is
+    # used; a slope per stage covers it, and leaves no room for another of b's workers under the ceiling
+    for seed in range(10):
+        safety, low, values, used = _cheap_then_heavy_climb(seed)
+        assert safety.settled_memory(low) >= used, seed
+        assert safety.worker_budget(low, list(values.values())) < 1200 * MB, seed

@@ -458,11 +458,16 @@ class SafetyLayer:
 
         Near the limit one reading is not enough: a reading 2% low (one standard deviation of the
         simulator's noise, of cgroup readings between allocator frees) would let workers grow into an
-        OOM. Memory outside buffers is fitted on the recent levels over the worker count (intercept and
-        slope; with the workers unchanged, their mean) and the fit's prediction at today's workers, plus
-        two standard errors of that prediction (from the residuals, never less than one reading's
-        noise over the points), is added to what the buffers hold now.
+        OOM. Memory outside buffers is fitted on the recent levels over each stage's workers (an
+        intercept and a slope per stage that moved: a climb of cheap thread workers then of heavy process
+        workers has no single slope) and the fit's prediction at today's workers, plus two standard
+        errors of that prediction (from the residuals, never less than one reading's noise over the
+        points), is added to what the buffers hold now. Where too few levels determine every stage's
+        slope, the fit is over the worker count (with the workers unchanged, their mean).
         """
+        by_stage = self._stage_level_prediction(obs)
+        if by_stage is not None:
+            return by_stage + sum(s.buffered_bytes for s in obs.stages)
         fit = self._level_fit(obs)
         if fit is None:
             return obs.memory_used_bytes + 2.0 * self._noise(obs) / math.sqrt(2.0)
@@ -471,6 +476,28 @@ class SafetyLayer:
         workers = sum(s.workers for s in obs.stages)
         spread = 1.0 / n + ((workers - w_mean) ** 2 / sxx if sxx > 0 else 0.0)
         return m_mean + slope * (workers - w_mean) + 2.0 * sigma * math.sqrt(spread) + buffered
+
+    def _stage_level_prediction(self, obs: Observation) -> float | None:
+        """Memory outside buffers at today's workers, fitted over each stage's workers on the last
+        ``LEVEL_TICKS`` levels, plus two standard errors of the prediction; None where no stage's workers
+        varied or too few levels remain beside the slopes (``LEVEL_MIN_POINTS``)."""
+        x, y = self._stage_level_x[-LEVEL_TICKS:], self._stage_level_y[-LEVEL_TICKS:]
+        n = len(y)
+        if not n:
+            return None
+        varied = np.flatnonzero((x != x[0]).any(axis=0))
+        if not len(varied) or n - len(varied) - 1 < LEVEL_MIN_POINTS:
+            return None
+        xv = x[:, varied]
+        x_mean, y_mean = xv.sum(axis=0) / n, y.sum() / n
+        xc, yc = xv - x_mean, y - y_mean
+        inverse = np.linalg.inv(xc.T @ xc + 1e-9 * np.eye(len(varied)))
+        slope = inverse @ (xc.T @ yc)
+        rss = float(np.sum((yc - xc @ slope) ** 2))
+        sigma = max(math.sqrt(rss / (n - len(varied) - 1)), self._noise(obs) / math.sqrt(2.0))
+        d = xv[-1] - x_mean  # today's workers: the level just tracked
+        spread = 1.0 / n + float(d @ inverse @ d)
+        return float(y_mean + slope @ d + 2.0 * sigma * math.sqrt(spread))
 
     def trim(self, obs: Observation, values: Sequence[int]) -> np.ndarray:
         """Knob values with every buffer cut, if need be, so that memory fits under the margin.
