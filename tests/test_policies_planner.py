@@ -11,7 +11,17 @@ import pytest
 from _knobs import dict_knobs, kind_of
 from intune.monitor.observation import Observation, StageObservation, cpu_slack
 from intune.policies import make
-from intune.policies.planner import GAIN, Measured, Plan, StageCosts, fit_costs, plan_workers, with_scaling
+from intune.policies.planner import (
+    GAIN,
+    MIN_PROFILE_TICKS,
+    PROFILE_TICKS,
+    Measured,
+    Plan,
+    StageCosts,
+    fit_costs,
+    plan_workers,
+    with_scaling,
+)
 from intune.policies.safety import PROBE_WORKER_BYTES, SafetyLayer
 from intune.sim import Simulator, constant_schedule, run_episode, stepped_schedule
 from intune.sim.spec import spec_from_dict
@@ -296,6 +306,21 @@ def test_workers_that_measure_no_better_on_a_noisy_machine_are_taken_back(seed):
     r = run_episode(sim, make("planner"), 120)
     udf = np.asarray(r.knobs["udf.workers"])
     assert udf[20:].mean() <= 2.0, udf.tolist()  # tried, and taken back
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_fit_reads_fewer_ticks_where_they_agree_than_where_they_vary_by_a_quarter(seed):
+    # the same pipeline read without noise and with a quarter's tick-to-tick noise: where the delivered
+    # rate is already known within PROFILE_PRECISION after MIN_PROFILE_TICKS the first plan needs no more;
+    # on the noisy machine it waits for PROFILE_TICKS
+
+    def first_plan_tick(noise: float) -> int:
+        sim = Simulator(spec_from_dict(TWO_STAGES), cpus=constant_schedule(8, 30), seed=seed, noise=noise)
+        policy, plans = make("planner"), []
+        run_episode(sim, policy, 12, on_tick=lambda obs, applied: plans.append(policy.plans))
+        return plans.index(1)
+
+    assert first_plan_tick(0.25) - first_plan_tick(0.0) == PROFILE_TICKS - MIN_PROFILE_TICKS
 
 
 def test_a_measured_rate_beats_another_by_the_gain_and_by_more_than_its_noise():

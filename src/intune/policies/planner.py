@@ -1,7 +1,8 @@
 """``planner``: moves every knob at once to the allocation that per-stage rate models, fitted online,
 predict best within the safe set.
 
-The model. Every ``PROFILE_TICKS`` settled ticks at one allocation, each stage's cost per delivered
+The model. After ``PROFILE_TICKS`` settled ticks at one allocation (``MIN_PROFILE_TICKS`` where their
+delivered rates already agree within ``PROFILE_PRECISION``), each stage's cost per delivered
 element is read from what it did (``intune.policies.stage_costs``, the profile Plumber solves on):
 its CPU seconds, and a worker's seconds on a CPU of its own, the CPU time plus the stage's own wait
 (busy wall time less the CPU time stretched by contention, ``contention``). Each stage's cost is then
@@ -66,7 +67,9 @@ from intune.policies.safety import TRIM_MARGIN, SafetyLayer, shuffle_floor, star
 from intune.policies.stage_costs import StageProfile, prefetch_elements, profile_of
 from intune.units import MB
 
-PROFILE_TICKS = 4  # settled ticks at one allocation that one fit of the costs reads
+PROFILE_TICKS = 4  # the most settled ticks at one allocation that one fit of the costs reads
+MIN_PROFILE_TICKS = 2  # the fewest: where the delivered rate is known within ``PROFILE_PRECISION``
+PROFILE_PRECISION = 0.02  # the standard error, as a share of the mean, at which a fit need not wait longer
 SETTLE_TICKS = 1  # ticks after an allocation change left out of the fit (workers start, queues refill)
 NEAR_BEST = 0.98  # allocations predicted within this share of the best rate compete on workers and memory
 GAIN = 0.05  # what a new plan must predict above the allocation in force to replace it
@@ -372,7 +375,7 @@ class PlannerPolicy:
             self._ceiling = math.inf
             self.costs = replace(self.costs, ceiling=math.inf)
             self._adopt(self._resize_plan(obs, self.costs, self.plan.cpus), obs)
-        elif len(self._window) >= PROFILE_TICKS:
+        elif self._profiled():
             costs = fit_costs(list(self._window), self.knobs)
             rates = [o.stages[-1].items_per_s for o in self._window]
             self._window.clear()
@@ -400,6 +403,18 @@ class PlannerPolicy:
         else:
             self._window.append(obs)
         self._last_values = workers
+
+    def _profiled(self) -> bool:
+        """The window holds enough ticks for a fit: ``PROFILE_TICKS``, or ``MIN_PROFILE_TICKS`` whose
+        delivered rates already agree within ``PROFILE_PRECISION`` (a quiet machine need not wait as
+        long as a noisy one for the same certainty)."""
+        n = len(self._window)
+        if n >= PROFILE_TICKS:
+            return True
+        if n < MIN_PROFILE_TICKS:
+            return False
+        rates = [o.stages[-1].items_per_s for o in self._window]
+        return Measured().add(rates).stderr <= PROFILE_PRECISION * float(np.mean(rates))
 
     def _with_last_costs(self, costs: StageCosts) -> StageCosts:
         """``costs`` with a stage whose local workers' cost was not measured (its remote workers took
