@@ -10,7 +10,7 @@ import pytest
 
 from _knobs import dict_knobs, kind_of
 from intune.monitor.observation import Observation, StageObservation, cpu_slack
-from intune.policies import make
+from intune.policies import make, planner
 from intune.policies.planner import (
     GAIN,
     MIN_PROFILE_TICKS,
@@ -321,6 +321,18 @@ def test_a_fit_reads_fewer_ticks_where_they_agree_than_where_they_vary_by_a_quar
         return plans.index(1)
 
     assert first_plan_tick(0.25) - first_plan_tick(0.0) == PROFILE_TICKS - MIN_PROFILE_TICKS
+
+
+def test_on_a_noisy_machine_every_fit_reads_the_full_window_though_two_ticks_agree_by_chance(monkeypatch):
+    # ticks vary by a quarter: over 120 ticks some pairs of ticks agree within 2% by chance, and a window
+    # judged by its own ticks alone would end there; pooled with the windows before, the noise is known
+    windows = []
+    fit = planner.fit_costs
+    monkeypatch.setattr(planner, "fit_costs", lambda window, knobs: windows.append(len(window)) or fit(window, knobs))
+    for seed in range(6):
+        sim = Simulator(spec_from_dict(SHARED_WAIT), cpus=constant_schedule(2, 120), seed=seed, noise=0.25)
+        run_episode(sim, make("planner"), 120)
+    assert len(windows) > 100 and set(windows) == {PROFILE_TICKS}
 
 
 def test_a_measured_rate_beats_another_by_the_gain_and_by_more_than_its_noise():

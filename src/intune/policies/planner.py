@@ -1,8 +1,9 @@
 """``planner``: moves every knob at once to the allocation that per-stage rate models, fitted online,
 predict best within the safe set.
 
-The model. After ``PROFILE_TICKS`` settled ticks at one allocation (``MIN_PROFILE_TICKS`` where their
-delivered rates already agree within ``PROFILE_PRECISION``), each stage's cost per delivered
+The model. After ``PROFILE_TICKS`` settled ticks at one allocation (``MIN_PROFILE_TICKS`` where the
+machine's tick noise, pooled over the fits so far, already puts their mean rate within
+``PROFILE_PRECISION``: ``TickSpread``), each stage's cost per delivered
 element is read from what it did (``intune.policies.stage_costs``, the profile Plumber solves on):
 its CPU seconds, and a worker's seconds on a CPU of its own, the CPU time plus the stage's own wait
 (busy wall time less the CPU time stretched by contention, ``contention``). Each stage's cost is then
@@ -121,6 +122,34 @@ class Measured:
     def not_below(self, other: Measured) -> bool:
         """Not below ``other`` by more than the noise of the difference."""
         return other.mean - self.mean <= self.noise(other)
+
+
+class TickSpread:
+    """The machine's tick-to-tick noise on the delivered rate, relative to its level, pooled over every
+    window fitted so far (squared deviations from each window's mean over their degrees of freedom): a
+    spell of ticks that agree by chance on a noisy machine does not make it quiet."""
+
+    def __init__(self) -> None:
+        self.squares, self.dof = 0.0, 0
+
+    @staticmethod
+    def _of(rates: Sequence[float]) -> tuple[float, int]:
+        mean = sum(rates) / len(rates)
+        if mean <= 0 or len(rates) < 2:
+            return 0.0, 0
+        return sum((r / mean - 1.0) ** 2 for r in rates), len(rates) - 1
+
+    def add(self, rates: Sequence[float]) -> None:
+        squares, dof = self._of(rates)
+        self.squares += squares
+        self.dof += dof
+
+    def stderr(self, rates: Sequence[float]) -> float:
+        """The standard error of the mean of ``rates``, as a share of it, at the noise pooled with theirs
+        (infinite where nothing measures it)."""
+        squares, dof = self._of(rates)
+        dof += self.dof
+        return math.sqrt((squares + self.squares) / dof / len(rates)) if dof else math.inf
 
 
 @dataclass(frozen=True)
@@ -344,6 +373,7 @@ class PlannerPolicy:
         self._start: dict[str, int] | None = start_allocation(self.knobs, self.safety, observation, "even")
         self._window: deque[Observation] = deque(maxlen=PROFILE_TICKS)
         self._settle = SETTLE_TICKS
+        self._spread = TickSpread()
         self._last_values: list[int] | None = None
         self.costs: StageCosts | None = None
         self._seen: dict[str, deque[tuple[int, float]]] = {}  # stage -> (workers, cost per element) of recent fits
@@ -379,6 +409,7 @@ class PlannerPolicy:
             costs = fit_costs(list(self._window), self.knobs)
             rates = [o.stages[-1].items_per_s for o in self._window]
             self._window.clear()
+            self._spread.add(rates)
             if costs is not None:
                 for name, work in zip(costs.names, costs.work, strict=True):
                     if not math.isnan(work):  # a cost not measured is no point of the stage's scaling
@@ -405,16 +436,15 @@ class PlannerPolicy:
         self._last_values = workers
 
     def _profiled(self) -> bool:
-        """The window holds enough ticks for a fit: ``PROFILE_TICKS``, or ``MIN_PROFILE_TICKS`` whose
-        delivered rates already agree within ``PROFILE_PRECISION`` (a quiet machine need not wait as
-        long as a noisy one for the same certainty)."""
+        """The window holds enough ticks for a fit: ``PROFILE_TICKS``, or ``MIN_PROFILE_TICKS`` whose mean
+        delivered rate the machine's noise (``TickSpread``) already puts within ``PROFILE_PRECISION``: a
+        quiet machine need not wait as long as a noisy one for the same certainty."""
         n = len(self._window)
         if n >= PROFILE_TICKS:
             return True
         if n < MIN_PROFILE_TICKS:
             return False
-        rates = [o.stages[-1].items_per_s for o in self._window]
-        return Measured().add(rates).stderr <= PROFILE_PRECISION * float(np.mean(rates))
+        return self._spread.stderr([o.stages[-1].items_per_s for o in self._window]) <= PROFILE_PRECISION
 
     def _with_last_costs(self, costs: StageCosts) -> StageCosts:
         """``costs`` with a stage whose local workers' cost was not measured (its remote workers took
@@ -620,4 +650,4 @@ class PlannerPolicy:
         self._start = None
 
 
-__all__ = ["PROFILE_TICKS", "Plan", "PlannerPolicy", "StageCosts", "fit_costs", "plan_workers"]
+__all__ = ["PROFILE_TICKS", "Plan", "PlannerPolicy", "StageCosts", "TickSpread", "fit_costs", "plan_workers"]
