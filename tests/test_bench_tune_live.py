@@ -293,3 +293,23 @@ def test_the_pipeline_as_a_spec_has_the_engines_knobs_and_the_workloads_costs() 
     default = Simulator(wl.simulated_spec(), cpus=2, seed=0)
     best, _ = default.optimum(2, objective="throughput")
     assert (best["read.workers"], best["udf.workers"]) == (2, 2)
+
+
+def test_each_round_runs_the_policies_one_place_further_along(monkeypatch) -> None:
+    # the first policy of a round runs just after the searches, which end on one CPU: no policy may
+    # always take that place, in any benchmark
+    from intune import monitor
+    from intune.cli import main
+
+    orders: dict[str, list[list[str]]] = {"convergence": [], "resize": []}
+    search = wl.SearchResult({"read.workers": 1}, 1.0, [({"read.workers": 1}, 1.0)])
+    monkeypatch.setattr(tl.wl, "search_best", lambda *a, **k: search)
+    monkeypatch.setattr(monitor, "available_cpus", lambda: 2.0)
+    monkeypatch.setattr(tl, "bench_convergence", lambda policies, *a: orders["convergence"].append(list(policies)) or [])
+    monkeypatch.setattr(tl, "bench_resize", lambda policies, *a: orders["resize"].append(list(policies)) or [])
+    assert main(["bench", "tune", "--rounds", "4", "--only", "convergence,resize", "--policies", "heuristic,steer,network"]) == 0
+    assert orders["convergence"] == [
+        ["heuristic", "steer", "network"], ["steer", "network", "heuristic"],
+        ["network", "heuristic", "steer"], ["heuristic", "steer", "network"],
+    ]
+    assert orders["resize"] == orders["convergence"]

@@ -462,8 +462,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rounds",
         type=int,
         default=1,
-        help="run every benchmark this many times, interleaved (every policy once, then again); "
-        "the summary gives each figure's median and range (default 1)",
+        help="run every benchmark this many times, interleaved (every policy once, then again, the order "
+        "rotated by one place a round); the summary gives each figure's median and range (default 1)",
     )
 
 
@@ -488,6 +488,13 @@ def default_policies() -> list[str]:
         print(f"network policy unavailable ({type(exc).__name__}: {exc}); comparing the others", flush=True)
         names.remove("network")
     return names
+
+
+def rotated(policies: Sequence[str], turn: int) -> list[str]:
+    """The policies in the order of round ``turn + 1``: moved along by one place a round, so that no policy
+    always runs first after the searches (which end on one CPU) or last before the next round's."""
+    k = turn % len(policies) if policies else 0
+    return [*policies[k:], *policies[:k]]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -518,16 +525,17 @@ def run(args: argparse.Namespace) -> int:
                     cpus if cpus != full else None, rotate=r - 1,
                 )
             )
+        turn = rotated(policies, r - 1)
         if "convergence" in only:
-            found += bench_convergence(policies, settings, history)
+            found += bench_convergence(turn, settings, history)
         if "resize" in only:
             if resize:
-                found += bench_resize(policies, settings, full, history)
+                found += bench_resize(turn, settings, full, history)
             else:
                 found.append(_row("resize", "-", "skipped", f"needs 2 CPUs, this process has {full}"))
         for bench in ("memory", "memory-floor"):
             if bench in only:
-                found += bench_memory(policies, settings, history, bench)
+                found += bench_memory(turn, settings, history, bench)
         rows += [{"round": r, **row} for row in found]
     reference = {c: wl.median_search(found_searches) for c, found_searches in searches.items()}
     rows += scored_rows(rows, reference, settings, full)
@@ -579,8 +587,8 @@ def markdown_report(
     runs = (
         "once per benchmark: one run each, so no spread"
         if rounds == 1
-        else f"{rounds} times per benchmark, interleaved (every policy once, then again); a figure of "
-        "several runs is their median (range over the runs); the search is measured in every round, "
+        else f"{rounds} times per benchmark, interleaved (every policy once, then again, the order rotated "
+        "by one place a round); a figure of several runs is their median (range over the runs); the search is measured in every round, "
         "beside the runs, and the best is the allocation whose median over the rounds is highest"
     )
     context = [
