@@ -377,22 +377,34 @@ class SafetyLayer:
 
     def _fit_stage_levels(self, obs: Observation) -> np.ndarray:
         bounds = np.full(len(self._cpu), np.inf)
-        x, y = self._stage_level_x, self._stage_level_y
+        fit = self._stage_level_fit(obs, self._stage_level_x, self._stage_level_y)
+        if fit is not None:
+            varied, _, _, inverse, slope, sigma = fit
+            bounds[varied] = np.maximum(slope, 0.0) + 2.0 * sigma * np.sqrt(np.diag(inverse))
+        return bounds
+
+    def _stage_level_fit(
+        self, obs: Observation, x: np.ndarray, y: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray, np.ndarray, float] | None:
+        """Least squares of memory outside buffers ``y`` on each stage's workers ``x`` (rows: levels), an
+        intercept and a slope per stage whose workers varied: ``(varied columns, their mean workers, mean
+        memory, inverse of the centred normal matrix, slopes, sigma)``, sigma the residuals' standard
+        deviation and never less than one reading's noise; None where no stage's workers varied or too
+        few levels remain beside the slopes (``LEVEL_MIN_POINTS``)."""
         n = len(y)
         if not n:
-            return bounds
+            return None
         varied = np.flatnonzero((x != x[0]).any(axis=0))  # worker counts: exact, unlike a spread above 0
         if not len(varied) or n - len(varied) - 1 < LEVEL_MIN_POINTS:
-            return bounds
+            return None
         xv = x[:, varied]
-        xc = xv - xv.sum(axis=0) / n  # the mean: a sum over n, as numpy's mean computes it, without its overhead
-        yc = y - y.sum() / n
+        x_mean, y_mean = xv.sum(axis=0) / n, y.sum() / n  # a sum over n, as numpy's mean computes it, without its overhead
+        xc, yc = xv - x_mean, y - y_mean
         inverse = np.linalg.inv(xc.T @ xc + 1e-9 * np.eye(len(varied)))
         slope = inverse @ (xc.T @ yc)
         rss = float(np.sum((yc - xc @ slope) ** 2))
         sigma = max(math.sqrt(rss / (n - len(varied) - 1)), self._noise(obs) / math.sqrt(2.0))
-        bounds[varied] = np.maximum(slope, 0.0) + 2.0 * sigma * np.sqrt(np.diag(inverse))
-        return bounds
+        return varied, x_mean, y_mean, inverse, slope, sigma
 
     def worst_case_memory(self, obs: Observation, values: Sequence[int]) -> float:
         """Memory if every buffer filled to its knob's size (never less than what is used now)."""
@@ -478,25 +490,16 @@ class SafetyLayer:
         return m_mean + slope * (workers - w_mean) + 2.0 * sigma * math.sqrt(spread) + buffered
 
     def _stage_level_prediction(self, obs: Observation) -> float | None:
-        """Memory outside buffers at today's workers, fitted over each stage's workers on the last
-        ``LEVEL_TICKS`` levels, plus two standard errors of the prediction; None where no stage's workers
-        varied or too few levels remain beside the slopes (``LEVEL_MIN_POINTS``)."""
-        x, y = self._stage_level_x[-LEVEL_TICKS:], self._stage_level_y[-LEVEL_TICKS:]
-        n = len(y)
-        if not n:
+        """Memory outside buffers at today's workers (the level just tracked), fitted over each stage's
+        workers on the last ``LEVEL_TICKS`` levels (``_stage_level_fit``), plus two standard errors of
+        the prediction; None where that fit is not determined."""
+        x = self._stage_level_x[-LEVEL_TICKS:]
+        fit = self._stage_level_fit(obs, x, self._stage_level_y[-LEVEL_TICKS:])
+        if fit is None:
             return None
-        varied = np.flatnonzero((x != x[0]).any(axis=0))
-        if not len(varied) or n - len(varied) - 1 < LEVEL_MIN_POINTS:
-            return None
-        xv = x[:, varied]
-        x_mean, y_mean = xv.sum(axis=0) / n, y.sum() / n
-        xc, yc = xv - x_mean, y - y_mean
-        inverse = np.linalg.inv(xc.T @ xc + 1e-9 * np.eye(len(varied)))
-        slope = inverse @ (xc.T @ yc)
-        rss = float(np.sum((yc - xc @ slope) ** 2))
-        sigma = max(math.sqrt(rss / (n - len(varied) - 1)), self._noise(obs) / math.sqrt(2.0))
-        d = xv[-1] - x_mean  # today's workers: the level just tracked
-        spread = 1.0 / n + float(d @ inverse @ d)
+        varied, x_mean, y_mean, inverse, slope, sigma = fit
+        d = x[-1, varied] - x_mean
+        spread = 1.0 / len(x) + float(d @ inverse @ d)
         return float(y_mean + slope @ d + 2.0 * sigma * math.sqrt(spread))
 
     def trim(self, obs: Observation, values: Sequence[int]) -> np.ndarray:
