@@ -588,8 +588,9 @@ def markdown_report(
         "once per benchmark: one run each, so no spread"
         if rounds == 1
         else f"{rounds} times per benchmark, interleaved (every policy once, then again, the order rotated "
-        "by one place a round); a figure of several runs is their median (range over the runs); the search is measured in every round, "
-        "beside the runs, and the best is the allocation whose median over the rounds is highest"
+        "by one place a round); a figure of several runs is their median (range over the runs); the search "
+        "is measured in every round, beside the runs, and the best is the allocation whose median over the "
+        "rounds is highest"
     )
     context = [
         md_report.load_line(),

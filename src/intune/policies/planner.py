@@ -407,7 +407,7 @@ class PlannerPolicy:
             self._adopt(self._resize_plan(obs, self.costs, self.plan.cpus), obs)
         elif self._profiled():
             costs = fit_costs(list(self._window), self.knobs)
-            rates = [o.stages[-1].items_per_s for o in self._window]
+            rates = self._window_rates()
             self._window.clear()
             self._spread.add(rates)
             if costs is not None:
@@ -444,7 +444,11 @@ class PlannerPolicy:
             return True
         if n < MIN_PROFILE_TICKS:
             return False
-        return self._spread.stderr([o.stages[-1].items_per_s for o in self._window]) <= PROFILE_PRECISION
+        return self._spread.stderr(self._window_rates()) <= PROFILE_PRECISION
+
+    def _window_rates(self) -> list[float]:
+        """Elements/s delivered on each tick of the window."""
+        return [o.stages[-1].items_per_s for o in self._window]
 
     def _with_last_costs(self, costs: StageCosts) -> StageCosts:
         """``costs`` with a stage whose local workers' cost was not measured (its remote workers took

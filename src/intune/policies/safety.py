@@ -113,6 +113,7 @@ class SafetyLayer:
         self._probe: tuple[Observation, np.ndarray] | None = None
         self._fit_of: tuple[Observation, tuple[int, float, float, float, float, float] | None] | None = None
         self._stage_bounds: tuple[Observation, np.ndarray] | None = None
+        self._settled_fit: tuple[Observation, float | None] | None = None
         self._worst: tuple[Observation, tuple[int, ...], float] | None = None
         self._worker_room: tuple[Observation, tuple[tuple[int, ...], float], float] | None = None
         # the ridge fit of the per-stage changes, kept while ``_stage_changes`` is the same list: it changes
@@ -128,7 +129,7 @@ class SafetyLayer:
         and how noisy the memory reading is from how it moved while the workers did not."""
         self._worker_bytes = None
         self._stage_bytes = self._coarse_bytes = None
-        self._fit_of = self._stage_bounds = self._worst = self._worker_room = None
+        self._fit_of = self._stage_bounds = self._settled_fit = self._worst = self._worker_room = None
         self._restarting = obs.oom or (self._restarting and obs.throughput <= 0)
         if obs.oom or obs.throughput <= 0:
             self._last_point = None
@@ -184,7 +185,7 @@ class SafetyLayer:
         self._stage_level_y = np.array([m for _, m in stage_levels], dtype=float)
         self._last_point = None
         self._worker_bytes = self._stage_bytes = self._coarse_bytes = self._noise_of = self._units = None
-        self._fit_of = self._stage_bounds = self._worst = self._worker_room = self._change_fit = None
+        self._fit_of = self._stage_bounds = self._settled_fit = self._worst = self._worker_room = self._change_fit = None
 
     @property
     def knows_worker_cost(self) -> bool:
@@ -492,7 +493,13 @@ class SafetyLayer:
     def _stage_level_prediction(self, obs: Observation) -> float | None:
         """Memory outside buffers at today's workers (the level just tracked), fitted over each stage's
         workers on the last ``LEVEL_TICKS`` levels (``_stage_level_fit``), plus two standard errors of
-        the prediction; None where that fit is not determined."""
+        the prediction; None where that fit is not determined. Computed once per observation: a tick
+        asks for the worker budget of several allocations."""
+        if self._settled_fit is None or self._settled_fit[0] is not obs:
+            self._settled_fit = (obs, self._predict_stage_levels(obs))
+        return self._settled_fit[1]
+
+    def _predict_stage_levels(self, obs: Observation) -> float | None:
         x = self._stage_level_x[-LEVEL_TICKS:]
         fit = self._stage_level_fit(obs, x, self._stage_level_y[-LEVEL_TICKS:])
         if fit is None:
