@@ -56,6 +56,22 @@ def test_cpu_bound_and_oversubscription():
     assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(800_000)
 
 
+def test_threads_waiting_for_the_gil_want_no_cpu():
+    stages = [
+        {"name": "py", "cpu_us_per_row": 10.0, "gil_fraction": 0.8, "mode": "thread"},
+        {"name": "c", "cpu_us_per_row": 10.0, "mode": "process"},
+    ]
+    p = _params(stages, oversubscription_cost=0.3)
+    # 8 threads: 8 x 0.2 compute outside the GIL, and one holds it (8 x 0.8 wait for it): 1.6 + 1
+    assert model.compute_workers(p, [8, 0]) == pytest.approx(2.6)
+    assert model.compute_workers(p, [1, 0]) == pytest.approx(1.0)  # one thread: all of its CPU
+    assert model.compute_workers(p, [8, 2]) == pytest.approx(4.6)
+    # the stage is GIL-capped at 1 / 8 us = 125k; 4.6 on 4 CPUs: eta = 1 / (1 + 0.3 * 0.15), bound 200k * eta
+    assert model.throughput(p, [8, 2], [0, 0], cpus=4) == pytest.approx(min(125_000, 200_000 / 1.045))
+    # a process stage's workers all want a CPU however many
+    assert model.compute_workers(p, [0, 8]) == pytest.approx(8.0)
+
+
 def test_io_is_hidden_by_workers_and_uses_no_cpu():
     p = _params([{"name": "read", "cpu_us_per_row": 2.0, "io_us_per_row": 18.0}])
     assert model.throughput(p, [1], [0], cpus=2) == pytest.approx(50_000)  # 1 / 20 us

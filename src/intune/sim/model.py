@@ -12,8 +12,9 @@ Owns the formulas that the simulator steps through and the oracle searches over:
   absorbs more, and a steady stage loses nothing);
 - the CPUs bound the pipeline: ``T <= eta * C / sum_i c_i`` with the oversubscription efficiency
   ``eta = 1 / (1 + k * max(0, W / C - 1))`` when the compute-wanting workers
-  ``W = sum_i w_i * c_i / (c_i + o_i)`` outnumber the ``C`` CPUs (a worker waiting on I/O wants no CPU;
-  the drift-free costs are used, so ``W`` is a property of the allocation);
+  ``W = sum_i w_i * c_i / (c_i + o_i)`` outnumber the ``C`` CPUs (a worker waiting on I/O wants no CPU,
+  nor a thread waiting for the GIL: a GIL-bound stage's ``g_i`` share counts at most one worker,
+  ``stage_compute_workers``; the drift-free costs are used, so ``W`` is a property of the allocation);
 - ``T = min(min_i rate_i, eta * C / sum_i c_i, demand)`` where demand is the consumer's rows/s
   (``batch_size / model_latency``; unbounded when the model latency is 0).
 
@@ -165,10 +166,22 @@ def cpu_efficiency(total_workers: float, cpus: float, cost: float) -> float:
     return 1.0 / (1.0 + cost * max(0.0, total_workers / cpus - 1.0))
 
 
+def stage_compute_workers(p: ModelParams, i: int, workers) -> np.ndarray:
+    """Workers of stage ``i`` (a count or an array of counts) that want a CPU when busy: ``w * a_i`` with
+    ``a_i = c_i / (c_i + o_i)`` (a worker waiting on I/O wants none). Of a GIL-bound thread stage's, those
+    computing outside the GIL and at most one holding it, ``w a_i (1 - g_i) + min(w a_i g_i, 1)``: a
+    thread waiting for the GIL sleeps on a lock, out of the run queue (live, eight pure-Python threads on
+    one CPU deliver within a tenth of one thread's rate). The GIL is the stage's own, as in
+    ``stage_capacity``."""
+    c, g = p.cpu_s_per_row[i], p.gil_fraction[i]
+    busy = np.asarray(workers, dtype=float) * (c / max(c + p.io_s_per_row[i], 1e-300))
+    return busy * (1.0 - g) + np.minimum(busy * g, 1.0) if g > 0 else busy
+
+
 def compute_workers(p: ModelParams, workers) -> float:
-    """Workers that want a CPU when busy: ``sum_i w_i * c_i / (c_i + o_i)`` (I/O waits want none)."""
-    c = p.cpu_s_per_row
-    return float(np.dot(np.asarray(workers, dtype=float), c / np.maximum(c + p.io_s_per_row, 1e-300)))
+    """Workers that want a CPU when busy, over the stages (``stage_compute_workers``)."""
+    w = np.asarray(workers, dtype=float)
+    return float(sum(stage_compute_workers(p, i, w[i]) for i in range(len(w))))
 
 
 def cpu_bound(p: ModelParams, workers, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:

@@ -9,8 +9,9 @@ The problem. Choose integer workers ``w_i`` in ``[wmin_i, wmax_i]`` and buffer M
 ``[bmin_i, bmax_i]`` (stages with a buffer knob) to maximise
 ``T(w, b) = min(min_i r_i(w_i, b_i), B(Wc), D)`` where ``r_i = cap_i(w_i) * f_i(b_i)`` is stage i's rate
 (drift multipliers ``mult_i`` in its CPU cost), ``B(Wc) = eta(Wc) * C / sum_i c_i mult_i`` the CPU bound,
-``eta(Wc) = 1 / (1 + k * max(0, Wc / C - 1))``, ``Wc = sum_i a_i w_i`` the compute-wanting workers
-(``a_i = c_i / (c_i + o_i)``, drift-free) and ``D`` the consumer's demand, subject only to worst-case
+``eta(Wc) = 1 / (1 + k * max(0, Wc / C - 1))``, ``Wc = sum_i a_i(w_i)`` the compute-wanting workers
+(``model.stage_compute_workers``: ``w c_i / (c_i + o_i)``, drift-free, a GIL-bound stage's GIL share
+counting one worker at most; not decreasing in ``w``) and ``D`` the consumer's demand, subject only to worst-case
 memory ``M(w, b) = M0 + sum_i m_i(w_i, b_i) <= budget`` (buffers full). There is no cap on the total
 ``sum_i w_i``: over-subscribed allocations are candidates (the runner grants the CPU that waiting workers
 leave unused, and a policy may keep its workers through a CPU shrink), so no allocation within the knob
@@ -22,8 +23,8 @@ witness). So the optimum ``T* = max{tau feasible}`` is found by bisection on ``t
 is a constraint on ``Wc``: ``eta`` does not increase with ``Wc``, so ``B(Wc) >= tau`` iff
 ``tau <= C / sum c mult`` and ``Wc <= Wc_max(tau) = C * (1 + (C / (tau * sum c mult) - 1) / k)``
 (any ``Wc`` where ``k = 0``). Hence ``tau <= D`` is feasible iff the least memory of an allocation with
-every ``r_i >= tau`` and ``sum_i a_i w_i <= Wc_max(tau)`` is within the budget: a choice per stage of
-options with two additive costs, compute weight ``a_i w_i`` and memory ``m_i``. (3) It is decided
+every ``r_i >= tau`` and ``sum_i a_i(w_i) <= Wc_max(tau)`` is within the budget: a choice per stage of
+options with two additive costs, compute weight ``a_i(w_i)`` and memory ``m_i``. (3) It is decided
 exactly. For a stage and a worker count ``w``, ``f_i`` and ``m_i`` increase with ``b`` and the weight
 does not depend on it, so the least ``b`` with ``cap_i(w) * f_i(b) >= tau`` (closed form:
 ``f_i(b) = 1 - v_i / (1 + n_i(b))``, so ``n_i >= v_i / (1 - tau / cap_i(w)) - 1``) dominates every
@@ -148,7 +149,8 @@ class _Search:
         # the rows/s remote workers add to each stage: its local part must reach tau - R_i
         self.offset = np.zeros(n) if remote_rows is None else np.asarray(remote_rows, dtype=float)
         c = p.cpu_s_per_row
-        self.weight = c / np.maximum(c + p.io_s_per_row, 1e-300)  # a_i, as model.compute_workers
+        # each stage's compute weight by worker count (``model.stage_compute_workers``): not decreasing in w
+        self.weights = [model.stage_compute_workers(p, i, self.ws[i]) for i in range(n)]
         per_row = float(np.sum(c * self.mult))
         self.cpu_max = float(cpus) / per_row if per_row > 0 else float("inf")  # the CPU bound at eta = 1
         if remote_rows is not None:
@@ -202,7 +204,7 @@ class _Search:
             if j == len(self.ws[i]):
                 return None
             w_out[i] = int(self.ws[i][j])
-            used_w += w_out[i] * self.weight[i]
+            used_w += float(self.weights[i][j])
             used_mem += w_out[i] * p.worker_bytes[i] + p.queue_items[i] * p.bytes_per_item[i]
         room_w, room_mem = room_w - used_w, budget - used_mem
         if room_w < 0 or room_mem < 0:
@@ -215,11 +217,11 @@ class _Search:
             b, mem = _stage_options(
                 p, i, tau - float(self.offset[i]), self.ws[i], self.caps[i], int(bounds.b_min[i]), int(bounds.b_max[i])
             )
-            wt = self.ws[i] * self.weight[i]
+            wt = self.weights[i]
             keep = np.flatnonzero((mem < np.inf) & (mem <= room_mem) & (wt <= room_w))
             if len(keep) == 0:
                 return None
-            if self.weight[i] <= 0.0:  # every option weighs 0: the least memory dominates
+            if wt[-1] <= 0.0:  # every option weighs 0: the least memory dominates
                 keep = keep[[int(np.argmin(mem[keep]))]]
             else:  # the weight grows with w: keep the options lighter in memory than every lighter one
                 keep = keep[_strictly_below_prefix(mem[keep])]
