@@ -174,9 +174,10 @@ def test_shedding_workers_a_gil_bound_stage_cannot_use_weighs_the_cpus_they_hold
                           config.imitation_min_weight, *extra)
         return float(w[names.index("fetch.workers")])
 
-    # 20 GIL-bound workers past the target cost no throughput on 8 CPUs, but want 20 CPUs: full weight,
-    # where the throughput alone gives them the floor
-    assert weight("gil", held=True) == 1.0
+    # 20 GIL-bound workers past the target cost no throughput on 8 CPUs; waiting for the GIL they want
+    # none, but each computes a tenth of its time outside it: 2 CPUs of 8, at full weight past 0.5 of
+    # them, weigh 0.5, where the throughput alone gives them the floor
+    assert weight("gil", held=True) == pytest.approx(0.5)
     assert weight("gil", held=False) == pytest.approx(config.imitation_min_weight)
     # 20 workers waiting on I/O 90% of the time want 2 CPUs (0.5 of the full weight): their label keeps
     # the weight of the throughput they cost
