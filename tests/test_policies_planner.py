@@ -424,3 +424,21 @@ def test_beside_a_remote_pool_the_planner_uses_the_local_cpus_and_refits_after_a
     assert r.knobs["udf.workers"][60:119].mean() >= 0.25 * 128
     assert r.model_throughput[160:].mean() >= 0.95 * need
     assert r.knobs["udf.remote_workers"][60:119].mean() <= 1.15 * oracle.knobs["udf.remote_workers"][60:119].mean()
+
+
+def test_where_the_memory_admits_one_worker_it_goes_to_the_stage_slowest_now():
+    # the plan adds a reader (planned 200 elements/s) and four UDF workers (planned 250/s); now the reader's
+    # one worker delivers 100/s and the UDF's 50/s: the one worker the memory admits (each is priced
+    # 1.25 x 80 MB, 150 MB of room) goes to the UDF, where it pays at once, though the reader is the
+    # slowest stage of the plan
+    knobs, _ = dict_knobs(SPEC)
+    stages = [_stage("read", 0.01, worker_bytes=80 * MB), _stage("udf", 0.02, worker_bytes=80 * MB), _stage("prefetch", 0.001)]
+    obs = _obs(stages, used=0.85 * 10e9 - 150 * MB - 2 * MB, limit=10e9)
+    policy = make("planner")
+    policy.reset(knobs, obs)
+    policy.step(obs)  # the start (not applied: every stage stays at one worker)
+    costs = StageCosts(("read", "udf", "prefetch"), (0.01, 0.02, 0.001), (0.01, 0.02, 0.001), (False,) * 3, (False,) * 3, 1.0)
+    policy.costs, policy.plan = costs, Plan({"read": 2, "udf": 5, "prefetch": 1}, 200.0, 8.0)
+    policy._target.update({"read.workers": 2, "udf.workers": 5})
+    policy.safety.track(obs)
+    assert policy.request(obs, [k.value for k in policy.safety.knobs]) == {"udf.workers": 2}

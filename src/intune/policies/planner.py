@@ -47,7 +47,8 @@ A stage whose remote workers carried almost every element (its local workers und
 ``LOCAL_MIN_SHARE``) keeps its last measured cost, or before any its workers.
 
 Safety is not the planner's: every jump goes through ``SafetyLayer.admit`` (memory priced from measured
-worker memory, buffers trimmed to the limit), and the runner's clamp applies the CPUs.
+worker memory, buffers trimmed to the limit; where it admits part of a jump, the stage slowest now goes
+first), and the runner's clamp applies the CPUs.
 """
 
 from __future__ import annotations
@@ -620,12 +621,15 @@ class PlannerPolicy:
                 self._target[k.name] = k.clamp(max(int(lowest), self._target[k.name]))
 
     def request(self, obs: Observation, values: list[int]) -> dict[str, int]:
-        """The target, as far as the safety layer admits it this tick."""
+        """The target, as far as the safety layer admits it this tick. Where the memory admits fewer
+        workers than the plan adds (one a tick behind a base past the margin), they go first to the stage
+        slowest now under the model: the bottleneck, where a worker pays at once."""
         target = [self._target[k.name] for k in self.safety.knobs]
         need = {}
         if self.plan is not None and self.costs is not None:
-            for n, w in self.plan.workers.items():
+            for n in self.plan.workers:
                 i = self.costs.names.index(n)
+                w = self.knobs[f"{n}.workers"].value
                 need[f"{n}.workers"] = self.costs.stage_rate(i, w) if self.costs.work[i] > 0 else math.inf
         index = {k.name: i for i, k in enumerate(self.safety.knobs)}
         priority = [index[n] for n in sorted(need, key=need.__getitem__)]
