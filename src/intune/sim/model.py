@@ -166,6 +166,14 @@ def cpu_efficiency(total_workers: float, cpus: float, cost: float) -> float:
     return 1.0 / (1.0 + cost * max(0.0, total_workers / cpus - 1.0))
 
 
+def _wanting_cpu(workers, c, o, g):
+    """Elementwise: of ``workers`` with CPU ``c`` and I/O ``o`` seconds a row and GIL share ``g``, those
+    that want a CPU when busy: ``w a (1 - g) + min(w a g, 1)`` with ``a = c / (c + o)`` (``w a`` where
+    ``g`` is 0)."""
+    busy = workers * (c / np.maximum(c + o, 1e-300))
+    return busy * (1.0 - g) + np.minimum(busy * g, 1.0)
+
+
 def stage_compute_workers(p: ModelParams, i: int, workers) -> np.ndarray:
     """Workers of stage ``i`` (a count or an array of counts) that want a CPU when busy: ``w * a_i`` with
     ``a_i = c_i / (c_i + o_i)`` (a worker waiting on I/O wants none). Of a GIL-bound thread stage's, those
@@ -173,15 +181,13 @@ def stage_compute_workers(p: ModelParams, i: int, workers) -> np.ndarray:
     thread waiting for the GIL sleeps on a lock, out of the run queue (live, eight pure-Python threads on
     one CPU deliver within a tenth of one thread's rate). The GIL is the stage's own, as in
     ``stage_capacity``."""
-    c, g = p.cpu_s_per_row[i], p.gil_fraction[i]
-    busy = np.asarray(workers, dtype=float) * (c / max(c + p.io_s_per_row[i], 1e-300))
-    return busy * (1.0 - g) + np.minimum(busy * g, 1.0) if g > 0 else busy
+    return _wanting_cpu(np.asarray(workers, dtype=float), p.cpu_s_per_row[i], p.io_s_per_row[i], p.gil_fraction[i])
 
 
 def compute_workers(p: ModelParams, workers) -> float:
     """Workers that want a CPU when busy, over the stages (``stage_compute_workers``)."""
     w = np.asarray(workers, dtype=float)
-    return float(sum(stage_compute_workers(p, i, w[i]) for i in range(len(w))))
+    return float(np.sum(_wanting_cpu(w, p.cpu_s_per_row, p.io_s_per_row, p.gil_fraction)))
 
 
 def cpu_bound(p: ModelParams, workers, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
