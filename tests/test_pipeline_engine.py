@@ -325,3 +325,34 @@ def test_a_stopped_epoch_leaves_no_buffered_rows_in_any_stage():
         it.close()
         m = pipe.metrics()
     assert m.buffered_bytes == 0 and all(s.buffered_bytes == 0 for s in m.stages.values()), m.stages
+
+
+def slow_chunks(n: int = 20, pause_s: float = 0.05):
+    """A source that takes ``pause_s`` per chunk: the stages after it wait for input most of the time."""
+    for chunk in chunks(n * 10, 10):
+        time.sleep(pause_s)
+        yield chunk
+
+
+def identity(chunk: dict) -> dict:
+    return chunk
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_map_stage_waiting_on_a_slow_source_reports_that_time_as_starved(mode):
+    """A stage's worker time is busy, starved or blocked: a UDF that takes a millisecond behind a
+    source that takes 50 ms a chunk spends most of the run waiting for input, whatever runs its work.
+    Where the process pool dropped the wait that ended in a chunk, busy + starved was a fraction of
+    the run: a signal the simulator gives and the engine did not."""
+    pipe = intune.Pipeline.from_iterable(slow_chunks()).map(identity, name="udf", mode=mode)
+    with pipe:
+        it = iter(pipe)
+        next(it)  # the worker (and its child process) is up: time from here
+        before, t0 = pipe.metrics().stages["udf"], time.monotonic()
+        rest = list(it)
+        after, elapsed = pipe.metrics().stages["udf"], time.monotonic() - t0
+    assert len(rest) == 19
+    starved = after.starved_s - before.starved_s
+    accounted = starved + (after.busy_s - before.busy_s) + (after.blocked_s - before.blocked_s)
+    assert starved >= 0.6 * elapsed
+    assert accounted >= 0.8 * elapsed

@@ -305,7 +305,6 @@ class ProcessPoolRun(PoolRun):
                     return
                 if not ended:
                     continue
-            t0 = clock()
             while not retired and len(pending) < SLOTS:
                 rescued = rescue.take() if rescue is not None else None
                 if rescued is not None:
@@ -313,12 +312,20 @@ class ProcessPoolRun(PoolRun):
                     continue
                 if ended:
                     break
+                # with chunks in flight the intake only tops up (no wait); with none, the worker waits
+                # for room downstream (blocked) and then for input (starved), the wait that ends in a
+                # chunk included: busy + starved + blocked is the worker's time, as in a thread pool
                 wait = 0.0 if pending else 0.2
+                t0 = clock()
                 if not reserved:
                     reserved = self._out.reserve(timeout=wait)
+                    t1 = clock()
+                    stats.blocked_s += t1 - t0
                     if not reserved:
                         break
+                    t0 = t1
                 got = self._inp.get(timeout=wait)
+                stats.starved_s += clock() - t0
                 if got is TIMEOUT:
                     break
                 if got is END:
@@ -328,7 +335,6 @@ class ProcessPoolRun(PoolRun):
                 reserved = False
                 self._submit(index, child, got, pending, stats)
             if not pending:
-                stats.starved_s += clock() - t0
                 continue
             self._collect_oldest(index, child.worker, pending, stats)
 
