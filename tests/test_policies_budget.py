@@ -27,8 +27,20 @@ def obs(cpus, slack, tick=0):
 
 
 def test_the_budget_is_cpus_plus_slack():
-    assert cpu_budget(obs(2, 2.0)) == 4.0
-    assert cpu_budget(obs(2, -1.0)) == 2.0
+    knobs, _ = dict_knobs(SPEC)
+    assert cpu_budget(obs(2, 2.0), knobs) == 4.0
+    assert cpu_budget(obs(2, -1.0), knobs) == 2.0
+
+
+def test_a_stage_no_knob_sizes_keeps_the_cpu_it_uses_out_of_the_budget():
+    """``cpu_slack`` counts every stage's unused CPU; a stage without a ``workers`` knob (here ``batch``, one
+    thread) must then have its worker taken off, else its idle share is granted to the others and the
+    knob workers within the budget put ``free_cpus`` below 0: two CPU budgets that disagree."""
+    spec = {k: v for k, v in SPEC.items() if k != "batch.workers"}
+    knobs, _ = dict_knobs(spec)
+    o = obs(2, 3.0)
+    assert cpu_budget(o, knobs) == 4.0  # 2 CPUs + 3 slack, less batch's one worker
+    assert o.free_cpus == cpu_budget(o, knobs) - sum(s.workers for s in o.stages if s.name != "batch")
 
 
 def test_the_even_split_divides_the_runners_budget():

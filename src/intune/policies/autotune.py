@@ -241,7 +241,7 @@ class AutotunePolicy:
     def _launch(self, obs: Observation) -> None:
         """A new iterator: thread pool, RAM budget, schedule, statistics and prefetch autotuners."""
         self.launches += 1
-        self.pool_size = max(1, int(cpu_budget(obs)))  # tf.data's pool: the cores; here the runner's grant
+        self.pool_size = max(1, int(cpu_budget(obs, self._knobs)))  # tf.data's pool: the cores; here the runner's grant
         self.launch_cpus = obs.cpus
         free = obs.host_memory_free_bytes
         if free <= 0:  # unknown host memory: fall back to what the observation says is free

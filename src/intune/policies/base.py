@@ -141,15 +141,20 @@ def light_worker_room(light: Collection[object], free_cpus: float) -> int:
     return 1 if light and free_cpus >= 0 else 0
 
 
-def cpu_budget(obs: Observation) -> float:
-    """The CPUs a policy may plan its workers on: what the runner grants every policy alike.
+def cpu_budget(obs: Observation, knobs: Mapping[str, Knob]) -> float:
+    """The workers the ``workers`` knobs in ``knobs`` may hold in all: what the runner grants every policy
+    alike (``clamp_request``).
 
-    The machine's CPUs plus the CPU that waiting workers measurably leave unused (``cpu_slack``): the
-    runner (``clamp_request`` with the tuner's budget) grants that many workers to any policy, so a
-    baseline planning on the bare CPU count would leave unasked what the runner would give (on 2 CPUs
-    with three stages of at least one worker each, it could never move). 0 slack in the simulator.
+    The machine's CPUs plus the CPU that waiting workers measurably leave unused (``cpu_slack``), less the
+    workers of stages no local knob sizes (a source's thread, a one-thread stage): ``cpu_slack`` counts
+    their unused CPU, so the CPU they do use is what is left of them. Then knob workers within the budget
+    are exactly ``Observation.free_cpus >= 0``: one CPU budget for the runner, the planners and the
+    safety layer. A baseline planning on the bare CPU count would leave unasked what the runner would
+    give (on 2 CPUs with three stages of at least one worker each, it could never move).
     """
-    return obs.cpus + max(0.0, obs.cpu_slack)
+    sized = {k.stage for k in knobs.values() if k.unit == "cpu" and not k.remote}
+    unsized = sum(s.workers for s in obs.stages if s.name not in sized)
+    return obs.cpus + max(0.0, obs.cpu_slack) - unsized
 
 
 def even_split(knobs: Mapping[str, Knob], cpus: float) -> dict[str, int]:

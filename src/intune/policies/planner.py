@@ -472,7 +472,7 @@ class PlannerPolicy:
         return replace(costs, work=tuple(work), cpu_work=tuple(cpu))
 
     def _new_plan(self, obs: Observation, costs: StageCosts) -> Plan:
-        budget = max(int(cpu_budget(obs) + 1e-9), 0)
+        budget = max(int(cpu_budget(obs, self.knobs) + 1e-9), 0)
         extra = light_worker_room(obs.light_stages(), 0.0)
         demand = obs.demand / costs.rows_per_item if obs.demand > 0 and costs.rows_per_item > 0 else 0.0
         reach = {n: 2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1

@@ -322,7 +322,7 @@ class PlumberPolicy:
         work = [prof[n].wall_s / root_items if w else c for n, w, c in zip(names, io, cpu_work, strict=True)]
         lo = [k.min for k in knobs]
         hi = [max(k.min, 1 if s else k.max) for k, s in zip(knobs, seq, strict=True)]
-        budget = max(int(cpu_budget(obs)), 0)  # workers the runner grants; the CPU constraint stays the CPUs
+        budget = max(int(cpu_budget(obs, self._knobs)), 0)  # workers the runner grants; the CPU constraint stays the CPUs
         remote = self._remote_stage(names)
         if remote is not None:  # the stage's costs per element its local workers processed
             work[remote], cpu_work[remote] = self._local_costs(names[remote], prof, work[remote], cpu_work[remote])

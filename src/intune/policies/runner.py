@@ -7,7 +7,8 @@ clamps and grants:
 - ``observe`` completes the Observation a policy sees: the CPU budget (CPUs plus the CPU that waiting
   workers measurably leave unused, ``Observation.cpu_slack``) is kept at its highest over the last
   ``CPU_BUDGET_TICKS`` ticks at one CPU count, and a light stage may get one worker past it;
-- ``apply`` clamps the request (``clamp_request``: knob bounds, that budget, the free memory, no growth
+- ``apply`` clamps the request (``clamp_request``: knob bounds, that budget less the workers of stages no
+  knob sizes (``cpu_budget``, the one rule every planning policy reads too), the free memory, no growth
   for a stalled stage's workers, remote workers within the cluster's CPUs ``Observation.remote_cpus``) and sets the knobs, decreases first, so that a worker moved between
   stages never oversubscribes on the way.
 
@@ -22,7 +23,7 @@ from dataclasses import replace
 from intune.knobs import Knob
 from intune.monitor.cpu_budget import CPU_BUDGET_TICKS, RecentCpuBudget
 from intune.monitor.observation import Observation
-from intune.policies.base import ClampResult, clamp_request
+from intune.policies.base import ClampResult, clamp_request, cpu_budget
 
 
 def memory_free_bytes(obs: Observation) -> float:
@@ -46,7 +47,7 @@ class Runner:
         return clamp_request(
             self.knobs,
             request,
-            obs.cpus + max(0.0, obs.cpu_slack),
+            cpu_budget(obs, self.knobs),
             memory_free_bytes(obs),
             light=[f"{stage}.workers" for stage in obs.light_stages()],
             hold=[f"{s.name}.workers" for s in obs.stages if s.stalled],

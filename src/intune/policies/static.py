@@ -67,13 +67,13 @@ class HeuristicPolicy:
     def reset(self, knobs: Mapping[str, Knob], observation: Observation) -> None:
         self._knobs = knobs
         self._cpus = observation.cpus
-        self._split = even_split(knobs, cpu_budget(observation))
+        self._split = even_split(knobs, cpu_budget(observation, knobs))
         self._remote_cpus = None
 
     def step(self, observation: Observation) -> dict[str, int]:
         if observation.cpus != self._cpus:
             self._cpus = observation.cpus
-            self._split = {**self._split, **even_split(self._knobs, cpu_budget(observation))}
+            self._split = {**self._split, **even_split(self._knobs, cpu_budget(observation, self._knobs))}
         if observation.remote_cpus != self._remote_cpus and any(k.remote for k in self._knobs.values()):
             self._remote_cpus = observation.remote_cpus
             self._split = {**self._split, **remote_split(self._knobs, observation.remote_cpus)}
