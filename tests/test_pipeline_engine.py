@@ -340,10 +340,9 @@ def identity(chunk: dict) -> dict:
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_a_map_stage_waiting_on_a_slow_source_reports_that_time_as_starved(mode):
-    """A stage's worker time is busy, starved or blocked: a UDF that takes a millisecond behind a
-    source that takes 50 ms a chunk spends most of the run waiting for input, whatever runs its work.
-    Where the process pool dropped the wait that ended in a chunk, busy + starved was a fraction of
-    the run: a signal the simulator gives and the engine did not."""
+    """A stage's worker time is busy, starved or blocked, whatever runs its work: a UDF that takes a
+    millisecond behind a source that takes 50 ms a chunk spends most of the run starved, the wait that
+    ends in a chunk included (the simulator reports it so, and policies read it)."""
     pipe = intune.Pipeline.from_iterable(slow_chunks()).map(identity, name="udf", mode=mode)
     with pipe:
         it = iter(pipe)
