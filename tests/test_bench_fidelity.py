@@ -2,6 +2,7 @@
 
 import pytest
 
+from intune.bench import fidelity_threads
 from intune.bench.fidelity import fields, simulated_ticks
 from intune.bench.tune_workload import Workload
 from intune.monitor.observation import Observation, StageObservation
@@ -26,3 +27,23 @@ def test_the_twin_runs_at_the_allocation_asked():
     ticks = simulated_ticks({"read.workers": 2, "udf.workers": 3}, cpus=2, ticks=3, workload=Workload())
     assert len(ticks) == 3
     assert {s.name: s.workers for s in ticks[-1].stages if s.name in ("read", "udf")} == {"read": 2, "udf": 3}
+
+
+def test_the_surplus_threads_simulated_rate_is_the_models_hand_computation():
+    """2 and 32 threads of a stage holding the GIL for half of 8 ms a chunk, behind a one-thread source,
+    on 2 CPUs at oversubscription cost 0.1: the compute-wanting workers are the source's one plus, of
+    the stage's w, w / 2 outside the GIL and one holding it; the CPUs bound the rate at efficiency
+    1 / (1 + 0.1 (W / 2 - 1)) times 2 CPUs over the CPU per row."""
+    c = 0.008 / fidelity_threads.CHUNK_ROWS
+    src = 0.01e-6
+    for w in (2, 32):
+        wanting = 1 + w / 2 + 1
+        eta = 1 / (1 + 0.1 * max(0.0, wanting / 2 - 1))
+        expected = min(eta * 2 / (c + src), 1 / (0.5 * c))
+        assert fidelity_threads.simulated_rate(0.008, 0.5, w, cpus=2, cost=0.1) == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_gil_share_grows_with_the_python_loop():
+    _, low = fidelity_threads.gil_share(1_000, 200_000, repeats=5)
+    _, high = fidelity_threads.gil_share(200_000, 1_000, repeats=5)
+    assert 0 < low < 0.5 < high < 1

@@ -1,0 +1,130 @@
+"""Surplus thread workers, live and simulated: what a thread stage delivers at many threads against few.
+
+Owns one comparison of ``intune bench fidelity``: a thread-mode map stage whose function holds the GIL
+for a share of each chunk (a Python loop) and releases it for the rest (``np.sort``), run live at each of
+``THREADS`` workers on the benchmark's CPUs, beside the simulator's model (``model.throughput``) of the
+same costs at the same counts, at the twin's oversubscription cost.
+
+Why: the simulator charges every allocated worker that computes as wanting a CPU, so surplus threads
+cost it a large share of the CPUs; live, a thread's switch is cheap and surplus threads mostly wait for
+input. A policy pretrained there learns to be frugal with threads for a cost the engine may not have.
+This section measures the disagreement; the fix belongs in the simulator. It must not fit the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+CHUNK_ROWS = 256
+THREADS = (2, 32)
+CASES = ((20_000, 200_000), (60_000, 120_000), (150_000, 60_000))
+"""(Python loop iterations, floats sorted) per chunk: about a tenth, a third and three quarters of a
+chunk's CPU under the GIL on the development machine (each run measures its own share)."""
+
+
+def two_part_udf(loops: int, sort_n: int) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A chunk function that loops ``loops`` times in Python (the GIL held) and sorts ``sort_n`` floats
+    (numpy releases the GIL), returning the chunk unchanged."""
+    data = np.random.default_rng(0).random(sort_n)
+
+    def udf(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        total = 0
+        for i in range(loops):
+            total += i
+        np.sort(data)
+        return chunk
+
+    return udf
+
+
+def gil_share(loops: int, sort_n: int, repeats: int = 30) -> tuple[float, float]:
+    """(CPU seconds per chunk, the share of it under the GIL), each part timed alone on one thread."""
+    data = np.random.default_rng(0).random(sort_n)
+
+    def python_part() -> None:
+        total = 0
+        for i in range(loops):
+            total += i
+
+    def timed(fn: Callable[[], Any]) -> float:
+        start = time.thread_time()
+        for _ in range(repeats):
+            fn()
+        return (time.thread_time() - start) / repeats
+
+    held, released = timed(python_part), timed(lambda: np.sort(data))
+    return held + released, held / (held + released)
+
+
+def _chunks() -> Iterator[dict[str, np.ndarray]]:
+    start = 0
+    while True:
+        yield {"id": np.arange(start, start + CHUNK_ROWS)}
+        start += CHUNK_ROWS
+
+
+def live_rate(udf: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], threads: int, warmup_s: float,
+              seconds: float) -> float:
+    """Rows/s of ``udf`` in ``threads`` thread workers behind a cheap source, after ``warmup_s``."""
+    from intune import Pipeline
+
+    pipe = Pipeline.from_iterable(_chunks(), max_workers=max(threads, 1)).map(udf, name="udf", mode="thread",
+                                                                               workers=threads)
+    with pipe:
+        it = iter(pipe)
+        end = time.monotonic() + warmup_s
+        while time.monotonic() < end:
+            next(it)
+        rows, start = 0, time.monotonic()
+        while time.monotonic() < start + seconds:
+            rows += len(next(it)["id"])
+        elapsed = time.monotonic() - start
+        it.close()
+    return rows / elapsed
+
+
+def simulated_rate(cpu_s_per_chunk: float, share: float, threads: int, cpus: int, cost: float) -> float:
+    """Rows/s the simulator's model gives the same stage (behind a one-thread source) at ``threads``."""
+    from intune.sim import model, spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "surplus-threads", "chunk_rows": CHUNK_ROWS, "batch_size": CHUNK_ROWS, "bytes_per_row": 8,
+        "machine": {"cpus": cpus, "oversubscription_cost": cost},
+        "stages": [
+            {"name": "src", "kind": "read", "mode": "thread", "cpu_us_per_row": 0.01, "max_workers": 1},
+            {"name": "udf", "kind": "map", "mode": "thread", "cpu_us_per_row": cpu_s_per_chunk * 1e6 / CHUNK_ROWS,
+             "gil_fraction": share, "max_workers": max(THREADS)},
+        ],
+    })
+    return float(model.throughput(model.params_from_spec(spec), [1, threads], [0, 0], cpus))
+
+
+def compare(cpus: int, cost: float, warmup_s: float, seconds: float,
+            cases: Sequence[tuple[int, int]] = CASES) -> list[dict[str, Any]]:
+    """One row per case and thread count: the GIL share, live and simulated rows/s, and each one's
+    ratio to its rate at the fewest threads."""
+    from intune.bench.machine_control import CpuRestriction
+
+    rows: list[dict[str, Any]] = []
+    for loops, sort_n in cases:
+        cpu_s, share = gil_share(loops, sort_n)
+        udf = two_part_udf(loops, sort_n)
+        with CpuRestriction() as restriction:
+            restriction.limit(cpus)
+            live = {w: live_rate(udf, w, warmup_s, seconds) for w in THREADS}
+        sim = {w: simulated_rate(cpu_s, share, w, cpus, cost) for w in THREADS}
+        few = THREADS[0]
+        for w in THREADS:
+            rows.append({
+                "gil_share": round(share, 2), "threads": w, "live_rows_per_s": live[w], "simulated_rows_per_s": sim[w],
+                "live_x_fewest": live[w] / live[few] if live[few] else None,
+                "simulated_x_fewest": sim[w] / sim[few] if sim[few] else None,
+            })
+    return rows
+
+
+__all__ = ["CASES", "THREADS", "compare", "gil_share", "live_rate", "simulated_rate", "two_part_udf"]
