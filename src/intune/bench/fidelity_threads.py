@@ -26,16 +26,29 @@ CASES = ((20_000, 200_000), (60_000, 120_000), (150_000, 60_000))
 chunk's CPU under the GIL on the development machine (each run measures its own share)."""
 
 
-def two_part_udf(loops: int, sort_n: int) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
-    """A chunk function that loops ``loops`` times in Python (the GIL held) and sorts ``sort_n`` floats
-    (numpy releases the GIL), returning the chunk unchanged."""
+def udf_parts(loops: int, sort_n: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The two parts of a chunk's work: ``loops`` iterations of a Python loop (the GIL held), and a sort
+    of ``sort_n`` floats (numpy releases the GIL)."""
     data = np.random.default_rng(0).random(sort_n)
 
-    def udf(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def held() -> None:
         total = 0
         for i in range(loops):
             total += i
+
+    def released() -> None:
         np.sort(data)
+
+    return held, released
+
+
+def two_part_udf(loops: int, sort_n: int) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A chunk function doing both parts (``udf_parts``), returning the chunk unchanged."""
+    held, released = udf_parts(loops, sort_n)
+
+    def udf(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        held()
+        released()
         return chunk
 
     return udf
@@ -43,12 +56,6 @@ def two_part_udf(loops: int, sort_n: int) -> Callable[[dict[str, np.ndarray]], d
 
 def gil_share(loops: int, sort_n: int, repeats: int = 30) -> tuple[float, float]:
     """(CPU seconds per chunk, the share of it under the GIL), each part timed alone on one thread."""
-    data = np.random.default_rng(0).random(sort_n)
-
-    def python_part() -> None:
-        total = 0
-        for i in range(loops):
-            total += i
 
     def timed(fn: Callable[[], Any]) -> float:
         start = time.thread_time()
@@ -56,7 +63,7 @@ def gil_share(loops: int, sort_n: int, repeats: int = 30) -> tuple[float, float]
             fn()
         return (time.thread_time() - start) / repeats
 
-    held, released = timed(python_part), timed(lambda: np.sort(data))
+    held, released = (timed(part) for part in udf_parts(loops, sort_n))
     return held + released, held / (held + released)
 
 
@@ -127,4 +134,4 @@ def compare(cpus: int, cost: float, warmup_s: float, seconds: float,
     return rows
 
 
-__all__ = ["CASES", "THREADS", "compare", "gil_share", "live_rate", "simulated_rate", "two_part_udf"]
+__all__ = ["CASES", "THREADS", "compare", "gil_share", "live_rate", "simulated_rate", "two_part_udf", "udf_parts"]
