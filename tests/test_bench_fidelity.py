@@ -32,15 +32,18 @@ def test_the_twin_runs_at_the_allocation_asked():
 def test_the_surplus_threads_simulated_rate_is_the_models_hand_computation():
     """2 and 32 threads of a stage holding the GIL for half of 8 ms a chunk, behind a one-thread source,
     on 2 CPUs at oversubscription cost 0.1: the compute-wanting workers are the source's one plus, of
-    the stage's w, w / 2 outside the GIL and one holding it; the CPUs bound the rate at efficiency
-    1 / (1 + 0.1 (W / 2 - 1)) times 2 CPUs over the CPU per row."""
+    the stage's w, w / 2 outside the GIL and one holding it, each weighing the thread switch share s in
+    the count W; the CPUs bound the rate at efficiency 1 / (1 + 0.1 (W / 2 - 1)) times 2 CPUs over the
+    CPU per row (at s = 0.1, 32 threads weigh 1.8: within the 2 CPUs)."""
     c = 0.008 / fidelity_threads.CHUNK_ROWS
     src = 0.01e-6
-    for w in (2, 32):
-        wanting = 1 + w / 2 + 1
-        eta = 1 / (1 + 0.1 * max(0.0, wanting / 2 - 1))
-        expected = min(eta * 2 / (c + src), 1 / (0.5 * c))
-        assert fidelity_threads.simulated_rate(0.008, 0.5, w, cpus=2, cost=0.1) == pytest.approx(expected, rel=1e-6)
+    for s in (1.0, 0.1):
+        for w in (2, 32):
+            count = s * (1 + w / 2 + 1)
+            eta = 1 / (1 + 0.1 * max(0.0, count / 2 - 1))
+            expected = min(eta * 2 / (c + src), 1 / (0.5 * c))
+            got = fidelity_threads.simulated_rate(0.008, 0.5, w, cpus=2, cost=0.1, switch_share=s)
+            assert got == pytest.approx(expected, rel=1e-6)
 
 
 def test_the_gil_share_grows_with_the_python_loop():

@@ -56,6 +56,26 @@ def test_cpu_bound_and_oversubscription():
     assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(800_000)
 
 
+def test_a_thread_weighs_the_machines_thread_switch_share_in_the_oversubscription_count():
+    process = {"cpu_us_per_row": 10.0, "mode": "process"}
+    thread = {"cpu_us_per_row": 10.0, "mode": "thread"}
+    # 4 CPUs / 20 us per row = 200k; 16 workers computing on 4 CPUs, at oversubscription cost 0.3:
+    # processes count 16: eta = 1 / (1 + 0.3 * (16/4 - 1)) = 1/1.9
+    p = _params([{"name": "a", **process}, {"name": "b", **process}], oversubscription_cost=0.3)
+    assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(200_000 / 1.9)
+    # threads count a tenth each (the default share): 1.6, within the 4 CPUs
+    p = _params([{"name": "a", **thread}, {"name": "b", **thread}], oversubscription_cost=0.3)
+    assert model.switching_workers(p, [8, 8]) == pytest.approx(1.6)
+    assert model.compute_workers(p, [8, 8]) == pytest.approx(16.0)  # the CPUs they want are not discounted
+    assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(200_000)
+    # 8 processes and 8 threads: 8.8, eta = 1 / (1 + 0.3 * (8.8/4 - 1)) = 1/1.36
+    p = _params([{"name": "a", **process}, {"name": "b", **thread}], oversubscription_cost=0.3)
+    assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(200_000 / 1.36)
+    # at a share of 1 a thread counts as a process does
+    p = _params([{"name": "a", **thread}, {"name": "b", **thread}], oversubscription_cost=0.3, thread_switch_share=1.0)
+    assert model.throughput(p, [8, 8], [0, 0], cpus=4) == pytest.approx(200_000 / 1.9)
+
+
 def test_threads_waiting_for_the_gil_want_no_cpu():
     stages = [
         {"name": "py", "cpu_us_per_row": 10.0, "gil_fraction": 0.8, "mode": "thread"},

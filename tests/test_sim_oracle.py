@@ -38,7 +38,7 @@ def _exhaustive(p, cpus, bounds, cpu_mult=1.0, max_workers=None):
     mult = np.broadcast_to(np.asarray(cpu_mult, dtype=float), (n,))
     rates = model.stage_rates(p, w, b, mult).min(axis=1)
     c = p.cpu_s_per_row
-    busy = w @ (c / np.maximum(c + p.io_s_per_row, 1e-300))
+    busy = w @ (p.switch_weight * c / np.maximum(c + p.io_s_per_row, 1e-300))
     eta = 1.0 / (1.0 + p.oversubscription_cost * np.maximum(0.0, busy / cpus - 1.0))
     t = np.minimum(rates, eta * cpus / np.sum(c * mult))
     if p.demand > 0:
@@ -126,6 +126,8 @@ def _io_spec(rng, n):
         }
         if rng.random() < 0.2:
             stage["gil_fraction"] = float(rng.uniform(0.05, 0.5))
+        elif rng.random() < 0.4:  # a process stage: a whole worker in the oversubscription count
+            stage["mode"] = "process"
         if rng.random() < 0.6:
             stage["buffer"] = {"min": 1, "max": 5, "default": 1}
         stages.append(stage)

@@ -101,7 +101,8 @@ def test_oom_kills_the_job_for_the_restart_delay():
 
 
 def test_schedule_changes_cpus_and_oversubscription_costs():
-    sim = Simulator(_spec(), cpus=stepped_schedule([8, 2], period_ticks=5), noise=0.0)
+    # threads counted as processes are (a share of 1), so that 10 workers on 2 CPUs oversubscribe them
+    sim = Simulator(_spec(thread_switch_share=1.0), cpus=stepped_schedule([8, 2], period_ticks=5), noise=0.0)
     sim.reset()
     sim.knobs["read.workers"].set(7)
     sim.knobs["prefetch.workers"].set(3)

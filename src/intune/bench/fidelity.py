@@ -135,15 +135,17 @@ def run(args: argparse.Namespace) -> int:
                             "sim/live": ratio})
     table = format_table([{**r, "sim/live": "-" if r["sim/live"] is None else f"{r['sim/live']:.2f}"} for r in results])
     print(table)
-    cost = wl.simulated_spec(workload).machine.oversubscription_cost
+    twin = wl.simulated_spec(workload).machine
+    cost, switch_share = twin.oversubscription_cost, twin.thread_switch_share
     cases = fidelity_threads.CASES[:1] if args.quick else fidelity_threads.CASES
-    threads = fidelity_threads.compare(args.cpus, cost, warmup, float(ticks), cases)
+    threads = fidelity_threads.compare(args.cpus, cost, switch_share, warmup, float(ticks), cases)
     print(format_table(_thread_rows(threads)))
     if args.json:
-        write_json(args.json, results, surplus_threads=threads, oversubscription_cost=cost)
+        write_json(args.json, results, surplus_threads=threads, oversubscription_cost=cost,
+                   thread_switch_share=switch_share)
     if args.md:
         text = markdown_report(results, md_report.command_line(("bench", "fidelity")), machine_info(), ticks, warmup,
-                               threads, cost)
+                               threads, cost, switch_share)
         print(f"wrote {md_report.write(args.md, text)}")
     return 0
 
@@ -158,7 +160,8 @@ def _thread_rows(threads: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def markdown_report(results: list[dict[str, Any]], command: str, machine: dict[str, Any], ticks: int,
-                    warmup: float, threads: Sequence[dict[str, Any]] = (), cost: float = 0.0) -> str:
+                    warmup: float, threads: Sequence[dict[str, Any]] = (), cost: float = 0.0,
+                    switch_share: float = 1.0) -> str:
     """The report: what each figure is, one row per allocation and field, then the surplus threads."""
     context = [
         f"Each figure: the mean over {ticks} one-second ticks after {warmup:g} s at the allocation (live) or "
@@ -173,6 +176,7 @@ def markdown_report(results: list[dict[str, Any]], command: str, machine: dict[s
             "the rest (`np.sort`), behind a cheap source, at "
             + " and ".join(str(w) for w in fidelity_threads.THREADS)
             + f" threads on the same CPUs: live over {ticks} s after {warmup:g} s, and the simulator's model of the "
-            f"same CPU per chunk and GIL share at the twin's oversubscription cost ({cost:g}).",
+            f"same CPU per chunk and GIL share at the twin's oversubscription cost ({cost:g}), a thread weighing "
+            f"{switch_share:g} of a process in its count (`thread_switch_share`).",
         ], rows=_thread_rows(list(threads))))
     return md_report.render(command, machine, context, sections)

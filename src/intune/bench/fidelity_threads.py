@@ -3,12 +3,13 @@
 Owns one comparison of ``intune bench fidelity``: a thread-mode map stage whose function holds the GIL
 for a share of each chunk (a Python loop) and releases it for the rest (``np.sort``), run live at each of
 ``THREADS`` workers on the benchmark's CPUs, beside the simulator's model (``model.throughput``) of the
-same costs at the same counts, at the twin's oversubscription cost.
+same costs at the same counts, at the twin's oversubscription cost and thread switch share.
 
-Why: the simulator charges every allocated worker that computes as wanting a CPU, so surplus threads
-cost it a large share of the CPUs; live, a thread's switch is cheap and surplus threads mostly wait for
-input. A policy pretrained there learns to be frugal with threads for a cost the engine may not have.
-This section measures the disagreement; the fix belongs in the simulator. It must not fit the model.
+Why: the simulator charges computing workers past the CPUs an oversubscription cost, a thread at the
+machine's ``thread_switch_share`` of a process's; live, a thread's switch is cheap and surplus threads
+mostly wait for input. A policy pretrained on a simulator that overcharges them learns to be frugal with
+threads for a cost the engine does not have. This section measures the agreement; a fix belongs in the
+simulator. It must not fit the model.
 """
 
 from __future__ import annotations
@@ -94,13 +95,15 @@ def live_rate(udf: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], thr
     return rows / elapsed
 
 
-def simulated_rate(cpu_s_per_chunk: float, share: float, threads: int, cpus: int, cost: float) -> float:
-    """Rows/s the simulator's model gives the same stage (behind a one-thread source) at ``threads``."""
+def simulated_rate(cpu_s_per_chunk: float, share: float, threads: int, cpus: int, cost: float,
+                   switch_share: float) -> float:
+    """Rows/s the simulator's model gives the same stage (behind a one-thread source) at ``threads``, on a
+    machine of oversubscription cost ``cost`` and ``thread_switch_share`` ``switch_share``."""
     from intune.sim import model, spec_from_dict
 
     spec = spec_from_dict({
         "name": "surplus-threads", "chunk_rows": CHUNK_ROWS, "batch_size": CHUNK_ROWS, "bytes_per_row": 8,
-        "machine": {"cpus": cpus, "oversubscription_cost": cost},
+        "machine": {"cpus": cpus, "oversubscription_cost": cost, "thread_switch_share": switch_share},
         "stages": [
             {"name": "src", "kind": "read", "mode": "thread", "cpu_us_per_row": 0.01, "max_workers": 1},
             {"name": "udf", "kind": "map", "mode": "thread", "cpu_us_per_row": cpu_s_per_chunk * 1e6 / CHUNK_ROWS,
@@ -110,7 +113,7 @@ def simulated_rate(cpu_s_per_chunk: float, share: float, threads: int, cpus: int
     return float(model.throughput(model.params_from_spec(spec), [1, threads], [0, 0], cpus))
 
 
-def compare(cpus: int, cost: float, warmup_s: float, seconds: float,
+def compare(cpus: int, cost: float, switch_share: float, warmup_s: float, seconds: float,
             cases: Sequence[tuple[int, int]] = CASES) -> list[dict[str, Any]]:
     """One row per case and thread count: the GIL share, live and simulated rows/s, and each one's
     ratio to its rate at the fewest threads."""
@@ -123,7 +126,7 @@ def compare(cpus: int, cost: float, warmup_s: float, seconds: float,
         with CpuRestriction() as restriction:
             restriction.limit(cpus)
             live = {w: live_rate(udf, w, warmup_s, seconds) for w in THREADS}
-        sim = {w: simulated_rate(cpu_s, share, w, cpus, cost) for w in THREADS}
+        sim = {w: simulated_rate(cpu_s, share, w, cpus, cost, switch_share) for w in THREADS}
         few = THREADS[0]
         for w in THREADS:
             rows.append({

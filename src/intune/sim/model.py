@@ -11,10 +11,13 @@ Owns the formulas that the simulator steps through and the oracle searches over:
   ``rate_i = cap_i * (1 - v_i / (1 + n_i))`` with ``v_i = min(0.9, cv_i**2 / 2)`` (a deeper buffer
   absorbs more, and a steady stage loses nothing);
 - the CPUs bound the pipeline: ``T <= eta * C / sum_i c_i`` with the oversubscription efficiency
-  ``eta = 1 / (1 + k * max(0, W / C - 1))`` when the compute-wanting workers
-  ``W = sum_i w_i * c_i / (c_i + o_i)`` outnumber the ``C`` CPUs (a worker waiting on I/O wants no CPU,
-  nor a thread waiting for the GIL: a GIL-bound stage's ``g_i`` share counts at most one worker,
-  ``stage_compute_workers``; the drift-free costs are used, so ``W`` is a property of the allocation);
+  ``eta = 1 / (1 + k * max(0, W / C - 1))`` when the switching workers ``W = sum_i s_i * a_i(w_i)``
+  outnumber the ``C`` CPUs: ``a_i(w) = w * c_i / (c_i + o_i)`` are the workers that want a CPU (a worker
+  waiting on I/O wants none, nor a thread waiting for the GIL: a GIL-bound stage's ``g_i`` share counts
+  at most one worker, ``stage_compute_workers``; the drift-free costs are used, so ``W`` is a property of
+  the allocation), each weighing ``s_i``: 1 for a process worker, the machine's ``thread_switch_share``
+  for a thread (a switch between threads of one process keeps its address space and caches; live, 32
+  threads of a stage on 2 CPUs deliver 0.92-1.04x what 2 do, ``bench fidelity``'s surplus threads);
 - ``T = min(min_i rate_i, eta * C / sum_i c_i, demand)`` where demand is the consumer's rows/s
   (``batch_size / model_latency``; unbounded when the model latency is 0).
 
@@ -70,6 +73,7 @@ class ModelParams:
     limit_bytes: float
     host_bytes: float
     oversubscription_cost: float
+    switch_weight: np.ndarray  # per worker in the oversubscription count: 1 a process, ``thread_switch_share`` a thread
     batch_size: int
     model_latency_s: float
 
@@ -120,6 +124,7 @@ def params_from_spec(spec: WorkloadSpec) -> ModelParams:
         limit_bytes=float(m.memory_limit_gb * GB),
         host_bytes=float(m.host_memory_gb * GB),
         oversubscription_cost=m.oversubscription_cost,
+        switch_weight=np.array([1.0 if s.mode == "process" else m.thread_switch_share for s in spec.stages]),
         batch_size=spec.batch_size,
         model_latency_s=spec.consumer.model_latency_s,
     )
@@ -162,7 +167,8 @@ def stage_rates(
 
 
 def cpu_efficiency(total_workers: float, cpus: float, cost: float) -> float:
-    """``1 / (1 + cost * max(0, W / C - 1))``: context switches when workers outnumber CPUs."""
+    """``1 / (1 + cost * max(0, W / C - 1))``: context switches when the switching workers ``W``
+    (``switching_workers``) outnumber the CPUs."""
     return 1.0 / (1.0 + cost * max(0.0, total_workers / cpus - 1.0))
 
 
@@ -185,15 +191,27 @@ def stage_compute_workers(p: ModelParams, i: int, workers) -> np.ndarray:
 
 
 def compute_workers(p: ModelParams, workers) -> float:
-    """Workers that want a CPU when busy, over the stages (``stage_compute_workers``)."""
+    """Workers that want a CPU when busy, over the stages (``stage_compute_workers``): the CPUs they hold."""
     w = np.asarray(workers, dtype=float)
     return float(np.sum(_wanting_cpu(w, p.cpu_s_per_row, p.io_s_per_row, p.gil_fraction)))
+
+
+def stage_switching_workers(p: ModelParams, i: int, workers) -> np.ndarray:
+    """Stage ``i``'s weight in the oversubscription count at ``workers`` (a count or an array of counts):
+    its compute-wanting workers (``stage_compute_workers``) times its mode's ``switch_weight``."""
+    return stage_compute_workers(p, i, workers) * p.switch_weight[i]
+
+
+def switching_workers(p: ModelParams, workers) -> float:
+    """The oversubscription count ``W`` over the stages (``stage_switching_workers``)."""
+    w = np.asarray(workers, dtype=float)
+    return float(np.sum(_wanting_cpu(w, p.cpu_s_per_row, p.io_s_per_row, p.gil_fraction) * p.switch_weight))
 
 
 def cpu_bound(p: ModelParams, workers, cpus: float, cpu_mult: np.ndarray | float = 1.0) -> float:
     """Rows/s the CPUs allow: ``eta * C / sum_i c_i``."""
     per_row = float(np.sum(p.cpu_s_per_row * cpu_mult))
-    eta = cpu_efficiency(compute_workers(p, workers), cpus, p.oversubscription_cost)
+    eta = cpu_efficiency(switching_workers(p, workers), cpus, p.oversubscription_cost)
     return eta * cpus / per_row if per_row > 0 else float("inf")
 
 
@@ -212,7 +230,7 @@ def throughput(
         t = min(float(np.min(stage_rates(p, w, buffer_mb, cpu_mult))), cpu_bound(p, w, cpus, cpu_mult))
     else:
         rates = stage_rates(p, w, buffer_mb, cpu_mult) + remote_rows
-        eta = cpu_efficiency(compute_workers(p, w), cpus, p.oversubscription_cost)
+        eta = cpu_efficiency(switching_workers(p, w), cpus, p.oversubscription_cost)
         c = np.broadcast_to(p.cpu_s_per_row * cpu_mult, (p.n_stages,))
         t = min(float(np.min(rates)), cpu_limited_rate(c, eta * cpus, remote_rows))
     return min(t, p.demand) if p.demand > 0 else t

@@ -9,9 +9,10 @@ The problem. Choose integer workers ``w_i`` in ``[wmin_i, wmax_i]`` and buffer M
 ``[bmin_i, bmax_i]`` (stages with a buffer knob) to maximise
 ``T(w, b) = min(min_i r_i(w_i, b_i), B(Wc), D)`` where ``r_i = cap_i(w_i) * f_i(b_i)`` is stage i's rate
 (drift multipliers ``mult_i`` in its CPU cost), ``B(Wc) = eta(Wc) * C / sum_i c_i mult_i`` the CPU bound,
-``eta(Wc) = 1 / (1 + k * max(0, Wc / C - 1))``, ``Wc = sum_i a_i(w_i)`` the compute-wanting workers
-(``model.stage_compute_workers``: ``w c_i / (c_i + o_i)``, drift-free, a GIL-bound stage's GIL share
-counting one worker at most; not decreasing in ``w``) and ``D`` the consumer's demand, subject only to worst-case
+``eta(Wc) = 1 / (1 + k * max(0, Wc / C - 1))``, ``Wc = sum_i a_i(w_i)`` the switching workers
+(``model.stage_switching_workers``: ``w c_i / (c_i + o_i)``, drift-free, a GIL-bound stage's GIL share
+counting one worker at most, times the mode's weight, a thread's ``thread_switch_share``; not decreasing
+in ``w``) and ``D`` the consumer's demand, subject only to worst-case
 memory ``M(w, b) = M0 + sum_i m_i(w_i, b_i) <= budget`` (buffers full). There is no cap on the total
 ``sum_i w_i``: over-subscribed allocations are candidates (the runner grants the CPU that waiting workers
 leave unused, and a policy may keep its workers through a CPU shrink), so no allocation within the knob
@@ -149,8 +150,9 @@ class _Search:
         # the rows/s remote workers add to each stage: its local part must reach tau - R_i
         self.offset = np.zeros(n) if remote_rows is None else np.asarray(remote_rows, dtype=float)
         c = p.cpu_s_per_row
-        # each stage's compute weight by worker count (``model.stage_compute_workers``): not decreasing in w
-        self.weights = [model.stage_compute_workers(p, i, self.ws[i]) for i in range(n)]
+        # each stage's weight in the oversubscription count by worker count (``model.stage_switching_workers``):
+        # not decreasing in w
+        self.weights = [model.stage_switching_workers(p, i, self.ws[i]) for i in range(n)]
         per_row = float(np.sum(c * self.mult))
         self.cpu_max = float(cpus) / per_row if per_row > 0 else float("inf")  # the CPU bound at eta = 1
         if remote_rows is not None:
@@ -456,6 +458,7 @@ def _one(p: ModelParams, i: int) -> ModelParams:
             "has_buffer",
             "drift_amplitude",
             "drift_period_s",
+            "switch_weight",
         )
     }
     return ModelParams(

@@ -476,7 +476,7 @@ class Simulator:
             self._cap_items = (self._cap_bytes / p.bytes_per_item).tolist()
             self._fill_due = 0  # recompute the queues' steady fill now
             self._eff = model.effective_workers(w, p.contention)
-            self._compute_w = model.compute_workers(p, w)
+            self._switching_w = model.switching_workers(p, w)
             self._static_mem = p.base_bytes + float(p.fixed_bytes.sum()) + float(np.dot(w, p.worker_bytes))
             self._w_list = w.astype(int).tolist()
             self._b_list = self._buffer_mb.astype(int).tolist()
@@ -493,7 +493,7 @@ class Simulator:
             remote[r_i] = pool.capacity_items(pool.workers, compute_s) * pool.rows_per_item
             rates = rates + remote
         t_stage = float(rates.min())
-        eta = model.cpu_efficiency(self._compute_w, cpus, p.oversubscription_cost)
+        eta = model.cpu_efficiency(self._switching_w, cpus, p.oversubscription_cost)
         cpu_per_row = float(c.sum())
         if pool is None:
             t_cpu = eta * cpus / cpu_per_row

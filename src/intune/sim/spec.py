@@ -122,6 +122,7 @@ class MachineSpec:
     mem_bandwidth_gbs: float = 20.0
     restart_delay_s: float = 60.0  # after an OOM: zero throughput this long
     oversubscription_cost: float = 0.3  # CPU efficiency 1 / (1 + cost * max(0, workers / cpus - 1))
+    thread_switch_share: float = 0.1  # a thread worker's weight in that count, a process worker's 1
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "mem_bandwidth_gbs": (0.01, None, False),
     "restart_delay_s": (0.0, None, False),
     "oversubscription_cost": (0.0, 100.0, False),
+    "thread_switch_share": (0.0, 1.0, False),
     "model_latency_s": (0.0, None, False),
     "stall_every_s": (0.0, None, False),
     "stall_s": (0.0, None, False),
