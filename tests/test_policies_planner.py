@@ -297,6 +297,25 @@ def test_more_busy_computing_workers_than_cpus_is_contention_whatever_the_cpu_us
     assert fit_costs([_obs(stages, cpus=2.0)] * 4, knobs).work[1] == pytest.approx(0.03)
 
 
+def test_busy_workers_waiting_on_their_own_io_do_not_make_the_cpus_saturated():
+    from dataclasses import replace as with_fields
+
+    knobs, _ = dict_knobs(SPEC)
+    # 2 CPUs, 1.26 of them used: 6 readers busy 0.83 of the time but 90% of it on I/O, and one udf worker
+    # busy 0.9 whose wall time is 1.2x its CPU time (a lock of its own). Under the squeeze that ratio would
+    # be (1.2), the readers run 0.12 of their busy time: 0.6 + 0.9 = 1.5 workers want the 2 CPUs, so
+    # nothing is descheduled, and the udf's 0.3 ms past its CPU time is its own wait
+    stages = [with_fields(_stage("read", 0.001, wall=0.01, workers=6, items=500.0), busy=5 / 6),
+              with_fields(_stage("udf", 0.0015, wall=0.0018, items=500.0), busy=0.9),
+              _stage("prefetch", 0.00001, items=500.0)]
+    costs = fit_costs([_obs(stages, cpus=2.0)] * 4, knobs)
+    assert costs.work[:2] == pytest.approx((0.01, 0.0018))
+    # readers computing 0.2 of their busy time (0.24 squeezed): 1.2 + 0.9 = 2.1 want the 2 CPUs, 1.75 of
+    # them used: the udf's 0.3 ms is read as time descheduled
+    stages[0] = with_fields(_stage("read", 0.002, wall=0.01, workers=6, items=500.0), busy=5 / 6)
+    assert fit_costs([_obs(stages, cpus=2.0)] * 4, knobs).work[1] == pytest.approx(0.0015)
+
+
 # its UDF workers wait, but on one thing they share: a second worker adds nothing
 SHARED_WAIT = _three_stages("shared-wait", 2, {"cpu_us_per_row": 2.0, "io_us_per_row": 10.0},
                             {"cpu_us_per_row": 10.0, "io_us_per_row": 20.0, "contention": 1.0})

@@ -222,17 +222,19 @@ def contention(profiles: Iterable[StageProfile], cpus: float) -> float:
     Computing stages are those that use at least ``CONTENTION_MIN_CORES``: a stage that barely runs has
     a few microseconds of CPU and wall time, timer noise, and a ratio of 1 read there would turn every
     other stage's descheduled time into a wait that more workers could fill. The CPUs are saturated
-    when the stages use at least ``SATURATED`` of them, or when the computing stages keep more workers
-    busy than there are CPUs. Otherwise nothing is descheduled by the pipeline itself: a wall time longer
-    than the CPU time is the stage's own (storage, a lock, memory bandwidth, or another tenant's load,
-    of which more workers win a larger share)."""
+    when the stages use at least ``SATURATED`` of them, or when more busy workers want a CPU than there
+    are CPUs (another tenant's load, the consumer's process): a busy worker wants one for the share of
+    its busy time that the squeeze would leave to its CPU time, ``ratio * cpu / wall``; the rest it waits
+    on its own (I/O), runnable by no CPU. Otherwise nothing is descheduled: a wall time longer than the
+    CPU time is the stage's own (storage, a lock, memory bandwidth)."""
     profiles = [p for p in profiles if p.time_s > 0]
     computing = [p for p in profiles if p.cpu_s > 0 and p.wall_s > 0 and p.cpu_s / p.time_s >= CONTENTION_MIN_CORES]
     used = sum(p.cpu_s / p.time_s for p in profiles)
-    busy = sum(p.busy_workers_s / p.time_s for p in computing)
-    if cpus <= 0 or (used < SATURATED * cpus and busy <= cpus):
+    squeeze = max(1.0, min((p.wall_s / p.cpu_s for p in computing), default=1.0))
+    runnable = sum(p.busy_workers_s / p.time_s * min(1.0, squeeze * p.cpu_s / p.wall_s) for p in computing)
+    if cpus <= 0 or (used < SATURATED * cpus and runnable <= cpus):
         return 1.0
-    return max(1.0, min((p.wall_s / p.cpu_s for p in computing), default=1.0))
+    return squeeze
 
 
 def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob]) -> StageCosts | None:
