@@ -30,7 +30,6 @@ from intune.monitor import Monitor
 from intune.monitor.live import observe
 from intune.monitor.observation import Observation
 from intune.results import format_table, machine_info, write_json
-from intune.sim.spec import MachineSpec
 
 GRID = {"read.workers": (1, 2, 4), "udf.workers": (1, 2, 3)}
 STAGES = ("read", "udf")
@@ -161,8 +160,7 @@ def _thread_rows(threads: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def markdown_report(results: list[dict[str, Any]], command: str, machine: dict[str, Any], ticks: int,
-                    warmup: float, threads: Sequence[dict[str, Any]] = (), cost: float = 0.0,
-                    switch_share: float = MachineSpec.thread_switch_share) -> str:
+                    warmup: float, threads: Sequence[dict[str, Any]], cost: float, switch_share: float) -> str:
     """The report: what each figure is, one row per allocation and field, then the surplus threads."""
     context = [
         f"Each figure: the mean over {ticks} one-second ticks after {warmup:g} s at the allocation (live) or "
