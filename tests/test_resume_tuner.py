@@ -253,8 +253,9 @@ def _observation(pipe, cpus=8.0):
 
 @pytest.mark.parametrize("name", ["intune", "steer", "network+steer"])
 def test_a_loaded_policy_skips_its_warm_start(name):
-    """Reset on 8 CPUs, the policy would first ask for the even split (udf.workers 4); with its state
-    loaded, its first step is a decision from the restored allocation instead."""
+    """Reset on 8 CPUs, the policy would first ask for its start (the even split, udf.workers 4, or the
+    planner's plan from the first tick); with its state loaded, its first step is a decision from the
+    restored allocation instead."""
     from intune.policies import make
 
     pipe = _pipeline()
@@ -266,7 +267,10 @@ def test_a_loaded_policy_skips_its_warm_start(name):
         state = trained.state_dict()
         fresh = make(name)
         fresh.reset(pipe.knobs, obs)
-        assert fresh.step(obs) == {"udf.workers": 4}  # the warm start, without a state
+        start = fresh.step(obs)  # the warm start, without a state
+        if name != "intune":
+            assert start == {"udf.workers": 4}
+        assert start.get("udf.workers", 1) > 1
         resumed = make(name)
         resumed.reset(pipe.knobs, obs)
         resumed.load_state_dict(loads_checkpoint(dumps_checkpoint(state, kind="policy"), kind="policy"))

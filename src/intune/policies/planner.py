@@ -12,6 +12,10 @@ share a resource shows a cost that grows with its workers, and is planned at its
 allocation ``a`` delivers ``min(min_i a_i / (work_i + slope_i a_i), cpus / sum_i cpu_i)`` elements a
 second: the slowest stage, or the CPUs shared by every stage's work.
 
+The first plan comes from the pipeline's first tick (``_plan_first``): the allocation the job started
+at is a guess, so nothing is protected by waiting for a window; that tick filled the buffers, so its
+costs are read per row each stage processed.
+
 The plan. Workers are added one at a time to the slowest stage within the runner's budget
 (``cpu_budget`` workers, and the one past it that ``light_worker_room`` grants a waiting stage), a stage
 at most twice (+1) the most workers it was measured at: exact for a slowest-stage rate. Then each stage
@@ -107,9 +111,19 @@ class Measured:
         n = len(self.ticks)
         return float(np.std(self.ticks, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
 
+    @property
+    def spread(self) -> float:
+        """The tick-to-tick standard deviation as a share of the mean (0 below two ticks)."""
+        n = len(self.ticks)
+        return float(np.std(self.ticks, ddof=1) / self.mean) if n > 1 and self.mean > 0 else 0.0
+
     def noise(self, other: Measured) -> float:
-        """``CONFIDENCE_Z`` standard errors of the difference between this rate and ``other``."""
-        return CONFIDENCE_Z * math.hypot(self.stderr, other.stderr)
+        """``CONFIDENCE_Z`` standard errors of the difference between this rate and ``other``. A rate
+        measured on one tick shows no spread of its own: it carries the other's, relative to its level
+        (the same machine's tick noise)."""
+        mine = self.stderr if len(self.ticks) > 1 else other.spread * self.mean
+        theirs = other.stderr if len(other.ticks) > 1 else self.spread * other.mean
+        return CONFIDENCE_Z * math.hypot(mine, theirs)
 
     def beats(self, other: Measured, gain: float) -> bool:
         """Above ``other`` by ``gain`` of its rate, and by more than the noise of the difference."""
@@ -237,12 +251,18 @@ def contention(profiles: Iterable[StageProfile], cpus: float) -> float:
     return squeeze
 
 
-def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob]) -> StageCosts | None:
-    """The model fitted on ``window`` (ticks at one allocation); None when nothing was delivered."""
+def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob], per_row: bool = False) -> StageCosts | None:
+    """The model fitted on ``window`` (ticks at one allocation); None when nothing was delivered.
+
+    A stage's cost per delivered element is its seconds over the elements delivered: the work of
+    elements still in the buffers counts, which is right once they are as full at the window's end as
+    at its start. ``per_row`` reads it instead per row the stage processed, times the rows of a
+    delivered element (rows pass every stage once): right while buffers fill, as in a pipeline's
+    first tick."""
     prof = profile_of(window)
     last = window[-1].stages[-1].name
     root_items = prof[last].items if last in prof else 0.0
-    if root_items <= 0:
+    if root_items <= 0 or (per_row and prof[last].rows <= 0):
         return None
     names = [s.name for s in window[-1].stages if f"{s.name}.workers" in knobs]
     profiles = {n: prof[n] for n in names if n in prof}
@@ -253,7 +273,8 @@ def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob]) -> Stage
         p = profiles.get(n)
         knob = knobs[f"{n}.workers"]
         # a worker's cost per element of the stage's own: remote workers' elements took no local time
-        per = local_items(p) / p.items * root_items if p and p.items > 0 else root_items
+        done = root_items * (p.rows / prof[last].rows if per_row and p and p.rows > 0 else 1.0)  # delivered-element work
+        per = local_items(p) / p.items * done if p and p.items > 0 else done
         if per <= 0.0:
             per = math.nan  # remote workers took every element: the local workers' cost is not measured
         cpu = p.cpu_s / per if p else 0.0
@@ -398,8 +419,10 @@ class PlannerPolicy:
         self.safety.track(obs)
         if self._start is not None:
             start, self._start = self._start, None
-            self._target.update(start)
             self._last_values = workers
+            if self._plan_first(obs, start):
+                return self.request(obs, values)
+            self._target.update(start)
             return start
         self._profile(obs, workers)
         if self.plan is not None and obs.cpus != self.plan.cpus and self.costs is not None:
@@ -427,6 +450,31 @@ class PlannerPolicy:
         return self.request(obs, values)
 
     # -- the model and the plan -------------------------------------------------------------------
+    def _plan_first(self, obs: Observation, start: Mapping[str, int]) -> bool:
+        """The first plan, from the pipeline's first tick where it delivered elements: the allocation it
+        ran at is a guess no measurement chose, so a plan need not wait for the precision a re-plan
+        waits for. That tick filled the buffers, so each stage's cost is read per row it processed
+        (``fit_costs``'s ``per_row``). A stage may reach as many workers as the even start gives it
+        (what would be taken unmeasured) where that is more than ``_new_plan``'s reach. The plan is
+        tried as every plan that adds workers is, against the allocation of that tick (its one tick
+        the measurement), and the tick is no point of a stage's scaling. False where nothing was
+        delivered or a stage's cost is not measured: the even start then."""
+        if obs.oom or obs.throughput <= 0:
+            return False
+        costs = fit_costs([obs], self.knobs, per_row=True)
+        if costs is None or any(math.isnan(w) for w in costs.work):
+            return False
+        self.costs = costs
+        before = self._allocation(costs.names)
+        self._tried[before] = Measured().add(self._rates_of([obs]))
+        in_force = Plan(dict(zip(costs.names, before, strict=True)), costs.rate(before, float(obs.cpus)), float(obs.cpus))
+        plan = self._new_plan(obs, costs, {n: start.get(f"{n}.workers", 0) for n in costs.names})
+        self._adopt(plan, obs)
+        planned = tuple(plan.workers[n] for n in costs.names)
+        if any(p > b for p, b in zip(planned, before, strict=True)):
+            self._probe = Probe(before, planned, in_force, move=False)
+        return True
+
     def _profile(self, obs: Observation, workers: list[int]) -> None:
         """Keep the settled ticks of the allocation in force; a change of workers starts over."""
         if workers != self._last_values or obs.oom or obs.throughput <= 0:
@@ -451,7 +499,11 @@ class PlannerPolicy:
 
     def _window_rates(self) -> list[float]:
         """Elements/s delivered on each tick of the window."""
-        return [o.stages[-1].items_per_s for o in self._window]
+        return self._rates_of(self._window)
+
+    @staticmethod
+    def _rates_of(ticks: Iterable[Observation]) -> list[float]:
+        return [o.stages[-1].items_per_s for o in ticks]
 
     def _with_last_costs(self, costs: StageCosts) -> StageCosts:
         """``costs`` with a stage whose local workers' cost was not measured (its remote workers took
@@ -473,11 +525,13 @@ class PlannerPolicy:
         self._held_at_last_gap = set(self._unmeasured)
         return replace(costs, work=tuple(work), cpu_work=tuple(cpu))
 
-    def _new_plan(self, obs: Observation, costs: StageCosts) -> Plan:
+    def _new_plan(self, obs: Observation, costs: StageCosts, reach_at_least: Mapping[str, int] | None = None) -> Plan:
         budget = max(int(cpu_budget(obs, self.knobs) + 1e-9), 0)
         extra = light_worker_room(obs.light_stages(), 0.0)
         demand = obs.demand / costs.rows_per_item if obs.demand > 0 and costs.rows_per_item > 0 else 0.0
-        reach = {n: 2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1
+        low = reach_at_least or {}
+        reach = {n: max(low.get(n, 0),
+                        2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1)
                  for n in costs.names}
         fill = self._filled(obs)
         held = {n: self.knobs[f"{n}.workers"].value for n in self._unmeasured - fill}

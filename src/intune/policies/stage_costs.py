@@ -39,6 +39,7 @@ class StageProfile:
     """One stage's totals over a window of ticks."""
 
     items: float = 0.0
+    rows: float = 0.0
     cpu_s: float = 0.0
     wall_s: float = 0.0
     busy_workers_s: float = 0.0
@@ -55,6 +56,7 @@ def profile_of(window: Iterable[Observation]) -> dict[str, StageProfile]:
             p = prof.setdefault(s.name, StageProfile())
             n = s.items_per_s * o.dt_s
             p.items += n
+            p.rows += s.rows_per_s * o.dt_s
             p.cpu_s += s.cpu_s_per_item * n
             p.wall_s += s.wall_s_per_item * n
             p.busy_workers_s += s.busy * s.workers * o.dt_s
