@@ -226,6 +226,11 @@ class Plan:
     theta: float
     cpus: float
 
+    @classmethod
+    def at(cls, costs: StageCosts, alloc: Sequence[int], cpus: float) -> Plan:
+        """``alloc`` (workers in ``costs.names``' order) with the rate ``costs`` predicts for it on ``cpus``."""
+        return cls(dict(zip(costs.names, alloc, strict=True)), costs.rate(alloc, cpus), cpus)
+
 
 def contention(profiles: Iterable[StageProfile], cpus: float) -> float:
     """How much longer than its CPU time a computing worker's busy time is now, because it waits for a
@@ -366,7 +371,7 @@ def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extr
             per_cpu = costs.work[i] / costs.cpu_work[i] if costs.cpu_work[i] > 0 else 1.0
             most = min(hi[i], budget - (sum(lean) - lean[i]), math.floor(max(0.0, room) * per_cpu + 1e-9))
             lean[i] = max(lean[i], most)
-    return Plan(dict(zip(costs.names, lean, strict=True)), costs.rate(lean, cpus), cpus)
+    return Plan.at(costs, lean, cpus)
 
 
 class Probe(NamedTuple):
@@ -466,8 +471,8 @@ class PlannerPolicy:
             return False
         self.costs = costs
         before = self._allocation(costs.names)
-        self._tried[before] = Measured().add(self._rates_of([obs]))
-        in_force = Plan(dict(zip(costs.names, before, strict=True)), costs.rate(before, float(obs.cpus)), float(obs.cpus))
+        self._tried[before] = Measured().add([obs.stages[-1].items_per_s])
+        in_force = Plan.at(costs, before, float(obs.cpus))
         plan = self._new_plan(obs, costs, {n: start.get(f"{n}.workers", 0) for n in costs.names})
         self._adopt(plan, obs)
         planned = tuple(plan.workers[n] for n in costs.names)
@@ -499,11 +504,7 @@ class PlannerPolicy:
 
     def _window_rates(self) -> list[float]:
         """Elements/s delivered on each tick of the window."""
-        return self._rates_of(self._window)
-
-    @staticmethod
-    def _rates_of(ticks: Iterable[Observation]) -> list[float]:
-        return [o.stages[-1].items_per_s for o in ticks]
+        return [o.stages[-1].items_per_s for o in self._window]
 
     def _with_last_costs(self, costs: StageCosts) -> StageCosts:
         """``costs`` with a stage whose local workers' cost was not measured (its remote workers took
@@ -546,7 +547,7 @@ class PlannerPolicy:
         plan = self._new_plan(obs, costs)
         bound = max if float(obs.cpus) > before else min
         alloc = [bound(plan.workers[n], w) for n, w in zip(costs.names, self._allocation(costs.names), strict=True)]
-        return Plan(dict(zip(costs.names, alloc, strict=True)), costs.rate(alloc, float(obs.cpus)), float(obs.cpus))
+        return Plan.at(costs, alloc, float(obs.cpus))
 
     def _filled(self, obs: Observation) -> set[str]:
         """Stages with remote workers: their local workers take the CPUs the others leave."""
@@ -571,7 +572,7 @@ class PlannerPolicy:
             fewer = fewer and self._tried[planned].not_below(self._tried[current])
         else:
             pays = new.theta >= (1.0 + GAIN) * now
-        in_force = Plan(dict(zip(costs.names, current, strict=True)), now, float(obs.cpus))
+        in_force = Plan.at(costs, current, float(obs.cpus))
         self._check_down, check_down = None, self._check_down
         if self.plan is None or pays or fewer:
             self._adopt(new, obs)
