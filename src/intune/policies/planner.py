@@ -17,8 +17,10 @@ at is a guess, so nothing is protected by waiting for a window; that tick filled
 costs are read per row each stage processed.
 
 The plan. Workers are added one at a time to the slowest stage within the runner's budget
-(``cpu_budget`` workers, and the one past it that ``light_worker_room`` grants a waiting stage), a stage
-at most twice (+1) the most workers it was measured at: exact for a slowest-stage rate. Then each stage
+(``cpu_budget`` workers, and the one past it that ``light_worker_room`` grants a waiting stage). A stage
+whose scaling only a measurement shows, thread workers (they share the GIL) or workers that wait (on
+storage, a lock), reaches at most twice (+1) the most workers it was measured at; process workers that
+compute scale with the CPUs, which the model holds, and reach what the budget gives. Then each stage
 keeps the fewest workers that carry ``NEAR_BEST`` of that rate (or the consumer's demand with
 ``DEMAND_HEADROOM``, if lower) with ``STAGE_MARGIN`` to spare. Buffers: the prefetch holds what the rate
 gap between the plan and the consumer calls for (``prefetch_elements``, at least
@@ -26,7 +28,9 @@ gap between the plan and the consumer calls for (``prefetch_elements``, at least
 random the order is); others hold.
 
 Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
-allocation in force under the same model, or, with fewer workers, at least ``NEAR_BEST`` of it. What is
+allocation in force under the same model, or, with fewer workers, at least ``NEAR_BEST`` of it where each
+stage it takes workers from still carries the rate measured at the allocation in force with
+``STAGE_MARGIN``: a model re-fitted on a noisy window must not walk the allocation down. What is
 measured outranks what is predicted: an allocation already measured at these CPUs is judged by its
 measurement, and a plan that gives any stage a worker is kept only where it measures above the
 allocation before it by more than ``CONFIDENCE_Z`` standard errors of the difference (``Measured``;
@@ -531,9 +535,10 @@ class PlannerPolicy:
         extra = light_worker_room(obs.light_stages(), 0.0)
         demand = obs.demand / costs.rows_per_item if obs.demand > 0 and costs.rows_per_item > 0 else 0.0
         low = reach_at_least or {}
-        reach = {n: max(low.get(n, 0),
-                        2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1)
-                 for n in costs.names}
+        modes = {s.name: s.mode for s in obs.stages}
+        reach = {n: self.knobs[f"{n}.workers"].max if modes.get(n) == "process" and not waits else
+                 max(low.get(n, 0), 2 * max((w for w, _ in self._seen.get(n, ())), default=self.knobs[f"{n}.workers"].value) + 1)
+                 for n, waits in zip(costs.names, costs.waiting, strict=True)}
         fill = self._filled(obs)
         held = {n: self.knobs[f"{n}.workers"].value for n in self._unmeasured - fill}
         plan = plan_workers(costs, self.knobs, budget - sum(held.values()), extra, float(obs.cpus), demand, reach, fill)
@@ -567,6 +572,9 @@ class PlannerPolicy:
         now = costs.rate(current, float(obs.cpus))
         fewer = sum(new.workers.values()) < sum(current) and new.theta >= NEAR_BEST * now
         planned = tuple(new.workers[n] for n in costs.names)
+        if fewer and current in self._tried:
+            delivered = STAGE_MARGIN * self._tried[current].mean
+            fewer = all(costs.stage_rate(i, p) >= delivered for i, (p, c) in enumerate(zip(planned, current, strict=True)) if p < c)
         if planned in self._tried and current in self._tried:
             pays = self._tried[planned].beats(self._tried[current], GAIN)
             fewer = fewer and self._tried[planned].not_below(self._tried[current])
