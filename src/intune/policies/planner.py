@@ -41,7 +41,9 @@ comes from the tick-to-tick spread, so on a shared machine, where ticks vary by 
 show a larger gain to stay: measurement noise alone never adds one.
 A change of CPUs re-plans at once on the last costs (a CPU's work per element does not change with the
 CPU count), each stage moving the way the CPUs did or holding (``_resize_plan``), and the model is then
-re-fitted at the new allocation.
+re-fitted at the new allocation. A change of CPUs or of the remote workers beside the pipeline (a node
+lost, workers placed) makes another machine: what was measured before is forgotten
+(``_forget_measured``).
 
 Beside remote workers (a stage's ``remote_workers``, sized by the shared rule of
 ``intune.policies.remote_sizing``): the stage's cost is its local workers' over the elements they
@@ -299,6 +301,12 @@ def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob], per_row:
                       remote=tuple(remote) if any(remote) else ())
 
 
+def _remote_placement(obs: Observation) -> tuple[float, ...]:
+    """The remote cluster's CPUs and each stage's remote workers: what a measured rate depends on
+    beside the local allocation and the CPUs."""
+    return (obs.remote_cpus, *(float(s.remote_workers) for s in obs.stages))
+
+
 def local_items(p: StageProfile) -> float:
     """Elements the stage's local workers processed: ``items`` less those its remote workers did, none
     below ``LOCAL_MIN_SHARE`` of them (a share that small measures no cost)."""
@@ -420,6 +428,7 @@ class PlannerPolicy:
         self.plan = None
         self.plans = 0
         self._target = {n: k.value for n, k in self.knobs.items()}
+        self._remote = _remote_placement(observation)  # the remote cluster the measurements were taken with
 
     def step(self, observation: Observation) -> dict[str, int]:
         obs = observation
@@ -434,11 +443,14 @@ class PlannerPolicy:
             self._target.update(start)
             return start
         self._profile(obs, workers)
+        remote = _remote_placement(obs)
+        if remote != self._remote:  # remote workers placed or lost, nodes gained or lost: another machine
+            self._forget_measured()
+            self._window.clear()
+            self._settle = SETTLE_TICKS
+            self._remote = remote
         if self.plan is not None and obs.cpus != self.plan.cpus and self.costs is not None:
-            self._tried.clear()
-            self._probe = None
-            self._ceiling = math.inf
-            self.costs = replace(self.costs, ceiling=math.inf)
+            self._forget_measured()
             self._adopt(self._resize_plan(obs, self.costs, self.plan.cpus), obs)
         elif self._profiled():
             costs = fit_costs(list(self._window), self.knobs)
@@ -457,6 +469,17 @@ class PlannerPolicy:
                 self._tried.setdefault(self._allocation(costs.names), Measured()).add(rates)
                 self._review(obs, costs)
         return self.request(obs, values)
+
+    def _forget_measured(self) -> None:
+        """Measurements belong to the machine they were taken on: after a change of its CPUs or of the
+        remote workers beside it, no allocation is judged by them, no trial goes on and no measured
+        ceiling holds (a rate measured while a node loss left no remote worker would outrank, once the
+        workers are back, the model's plan to return to the allocation before)."""
+        self._tried.clear()
+        self._probe = None
+        self._ceiling = math.inf
+        if self.costs is not None:
+            self.costs = replace(self.costs, ceiling=math.inf)
 
     # -- the model and the plan -------------------------------------------------------------------
     def _plan_first(self, obs: Observation, start: Mapping[str, int]) -> bool:
