@@ -442,13 +442,12 @@ class PlannerPolicy:
                 return self.request(obs, values)
             self._target.update(start)
             return start
-        self._profile(obs, workers)
         remote = _remote_placement(obs)
-        if remote != self._remote:  # remote workers placed or lost, nodes gained or lost: another machine
+        moved = remote != self._remote  # remote workers placed or lost, nodes gained or lost: another machine
+        if moved:
             self._forget_measured()
-            self._window.clear()
-            self._settle = SETTLE_TICKS
             self._remote = remote
+        self._profile(obs, workers, moved)
         if self.plan is not None and obs.cpus != self.plan.cpus and self.costs is not None:
             self._forget_measured()
             self._adopt(self._resize_plan(obs, self.costs, self.plan.cpus), obs)
@@ -507,9 +506,9 @@ class PlannerPolicy:
             self._probe = Probe(before, planned, in_force, move=False)
         return True
 
-    def _profile(self, obs: Observation, workers: list[int]) -> None:
-        """Keep the settled ticks of the allocation in force; a change of workers starts over."""
-        if workers != self._last_values or obs.oom or obs.throughput <= 0:
+    def _profile(self, obs: Observation, workers: list[int], remote_moved: bool) -> None:
+        """Keep the settled ticks of the allocation in force; a change of workers, local or remote, starts over."""
+        if remote_moved or workers != self._last_values or obs.oom or obs.throughput <= 0:
             self._window.clear()
             self._settle = SETTLE_TICKS
         elif self._settle > 0:
