@@ -183,6 +183,29 @@ def test_admit_grows_co_bottlenecks_together_and_probes_one_unmeasured_worker_a_
     assert safety.admit(obs, [1, 1, 1, 1], [5, 5, 1, 1], priority=[0, 1]).tolist() == [2, 1, 1, 1]
 
 
+def test_behind_a_base_past_the_margin_the_bottleneck_takes_every_worker_that_fits_and_no_stage_behind_it_jumps_it():
+    safety, _, _ = _safety()
+    stages = [_stage("read", 0.01, worker_bytes=8 * MB), _stage("udf", 0.05, worker_bytes=80 * MB), _stage("prefetch", 0.002)]
+    # 8.9 of 10 GB used with the buffers at their least: past the 0.85 margin, workers grow under the 0.97
+    # ceiling on the settled upper bound, each priced at its reading x 1.25 (read 10 MB, udf 100 MB)
+    obs = _obs(stages, used=8.9e9, limit=10e9)
+    safety.track(obs)
+    values = [1, 1, 1, 1]
+    room = safety.worker_budget(obs, values)
+    assert safety.memory_budget(obs, values) < 0 and 3 * 100 * MB <= room < 9 * 100 * MB
+    # the UDF, slowest now, takes all the workers its room prices, not one a tick
+    out = safety.admit(obs, values, [1, 9, 1, 1], priority=[1]).tolist()
+    assert out[1] == 1 + math.floor(room / (1.25 * 80 * MB)) > 2
+    # where the UDF's worker does not fit, the reader's cheaper ones (behind it in the order) are not granted:
+    # they lift no rate while the UDF holds the pipeline back, and take the memory its worker needs next
+    safety, _, _ = _safety()
+    obs = _obs(stages, used=8.9e9 + room - 50 * MB, limit=10e9)
+    safety.track(obs)
+    room = safety.worker_budget(obs, values)
+    assert 1.25 * 8 * MB <= room < 1.25 * 80 * MB
+    assert safety.admit(obs, values, [9, 9, 1, 1], priority=[1, 0]).tolist() == [1, 1, 1, 1]
+
+
 def test_a_buffer_the_memory_cuts_is_cut_whatever_the_target():
     safety, _, _ = _safety()
     stages = [_stage("read", 0.01), _stage("udf", 0.05), _stage("prefetch", 0.002)]

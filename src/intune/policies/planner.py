@@ -709,8 +709,9 @@ class PlannerPolicy:
 
     def request(self, obs: Observation, values: list[int]) -> dict[str, int]:
         """The target, as far as the safety layer admits it this tick. Where the memory admits fewer
-        workers than the plan adds (one a tick behind a base past the margin), they go first to the stage
-        slowest now under the model: the bottleneck, where a worker pays at once."""
+        workers than the plan adds, they go first to the stage slowest now under the model: the
+        bottleneck, where a worker pays at once (and where its worker does not fit, no other stage's
+        does: ``SafetyLayer.admit``)."""
         target = [self._target[k.name] for k in self.safety.knobs]
         need = {}
         if self.plan is not None and self.costs is not None:

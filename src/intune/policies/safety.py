@@ -691,8 +691,10 @@ class SafetyLayer:
         - Workers: cuts pass. Added workers are granted one at a time, knobs in ``priority`` order
           (indices, most wanted first; round-robin so that co-bottlenecks grow together), each priced
           at its stage's bound (``stage_worker_bytes``) against ``worker_budget``; where nothing fits,
-          one worker may be priced at its probe, which sharpens the estimate. Behind a base past the
-          margin (``_under_ceiling``) one worker a tick; after an OOM none until rows flow again.
+          one worker may be priced at its probe, which sharpens the estimate. The first knob whose
+          worker does not fit ends the grant: a stage behind it in the order does not lift the rate
+          while the stage before it holds the pipeline back, and the memory its workers would take is
+          the bottleneck's once some is freed. After an OOM none until rows flow again.
         - The CPUs are the runner's (``clamp_request``): a planner plans within ``cpu_budget``.
 
         Call ``track`` (or ``mask``) once per tick before this."""
@@ -723,8 +725,6 @@ class SafetyLayer:
         price = self.stage_worker_bytes(obs).tolist()
         probe = self.probe_bytes(obs).tolist()
         order = [k for k in priority if k in want] + [k for k in want if k not in priority]
-        if self._under_ceiling(obs, after.tolist()):
-            want = {order[0]: 1}
         probing = True
         while any(want.values()):
             for k in order:
@@ -734,8 +734,7 @@ class SafetyLayer:
                 if probing and cost > room and out[k] == now[k]:
                     cost, probing = min(cost, probe[k]), False
                 if cost > room:
-                    want[k] = 0
-                    continue
+                    return out
                 room -= cost
                 out[k] += 1
                 want[k] -= 1
