@@ -30,7 +30,9 @@ random the order is); others hold.
 Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
 allocation in force under the same model, or, with fewer workers, at least ``NEAR_BEST`` of it where each
 stage it takes workers from still carries the rate measured at the allocation in force with
-``STAGE_MARGIN``: a model re-fitted on a noisy window must not walk the allocation down. What is
+``STAGE_MARGIN``: a model re-fitted on a noisy window must not walk the allocation down; such a plan then
+stays unless it measures below the allocation before (the model misses a stage's loss to its
+neighbours' jitter, which the measurement shows). What is
 measured outranks what is predicted: an allocation already measured at these CPUs is judged by its
 measurement, and a plan that gives any stage a worker is kept only where it measures above the
 allocation before it by more than ``CONFIDENCE_Z`` standard errors of the difference (``Measured``;
@@ -393,7 +395,7 @@ class Probe(NamedTuple):
     tried: tuple[int, ...]
     restore: Plan  # the plan in force again if the tried allocation does not pay
     move: bool  # a move tried on top of the plan (``try_move``), not a plan of the planner's own
-    down: bool = False  # one worker fewer than a jump reached: kept unless it measures below
+    down: bool = False  # fewer workers (a shed, or one fewer than a jump reached): kept unless it measures below
     check_down: int | None = None  # the stage to try at one fewer after this probe if it goes back
 
 
@@ -607,7 +609,7 @@ class PlannerPolicy:
         if self.plan is None or pays or fewer:
             self._adopt(new, obs)
             grown = {n for n, p, c in zip(costs.names, planned, current, strict=True) if p > c}
-            if current in self._tried and grown:
+            if current in self._tried and planned != current:
                 # a worker added stays only where it pays; a plan of fewer workers, unless it measures below;
                 # local workers beside remote ones, unless it measures below (they pay in remote workers shed)
                 down = not pays or grown <= self._filled(obs)
