@@ -251,3 +251,17 @@ def test_local_workers_beside_a_remote_pool_read_busy_on_saturated_cpus():
     sim.knobs["udf.remote_workers"].set(4)
     udf = _settled(sim).stage("udf")
     assert udf.remote_workers == 4 and udf.busy == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_workers_wall_time_is_its_cpu_time_its_wait_for_a_cpu_and_its_own_wait():
+    # 2 readers and 3 UDF workers on 2 CPUs: CPU-bound. The UDF computes only: its wall time past its CPU
+    # time is all spent waiting for a CPU. The reader waits on storage, 78.125 us a row and 512 rows an
+    # element: 0.04 s of its own, and waits for a CPU as well
+    obs = _settled(_tune_pipeline(2, 3))
+    udf, read = obs.stage("udf"), obs.stage("read")
+    assert udf.cpu_wait_s_per_item > 0.3 * udf.wall_s_per_item
+    assert udf.cpu_s_per_item + udf.cpu_wait_s_per_item == pytest.approx(udf.wall_s_per_item)
+    assert read.cpu_wait_s_per_item > 0.0
+    assert read.wall_s_per_item - read.cpu_s_per_item - read.cpu_wait_s_per_item == pytest.approx(0.04)
+    # one worker each: the CPUs are not all taken, and no worker waits for one
+    assert all(s.cpu_wait_s_per_item == 0.0 for s in _settled(_tune_pipeline(1, 1)).stages)

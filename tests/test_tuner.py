@@ -77,6 +77,21 @@ def test_observe_per_stage_deltas_by_hand():
     assert obs.allocated_cpus == 5 and obs.free_cpus == 2 + 3 - 5
 
 
+def test_observe_reads_each_stages_wait_for_a_cpu_per_chunk_and_none_where_not_measured():
+    prev = _snapshot(10.0, 1000, [
+        _stage("read", items=10, rows=10_000, cpu_s=1.0, busy_s=2.0, cpu_wait_s=0.5, cpu_wait_measured=True),
+        _stage("udf", mode="process", workers=2, items=10, rows=10_000, cpu_s=5.0, busy_s=6.0),
+    ])  # fmt: skip
+    cur = _snapshot(12.0, 9000, [
+        # 4 chunks, 0.6 s more of waiting for a CPU: 0.15 s a chunk
+        _stage("read", items=14, rows=14_000, cpu_s=1.4, busy_s=3.2, cpu_wait_s=1.1, cpu_wait_measured=True),
+        _stage("udf", mode="process", workers=2, items=18, rows=18_000, cpu_s=9.0, busy_s=10.8),
+    ])  # fmt: skip
+    read, udf = observe(prev, cur, {}, tick=1, cpus=2.0, mem_used=GiB, mem_limit=4 * GiB).stages
+    assert read.cpu_wait_s_per_item == pytest.approx(0.15)
+    assert udf.cpu_wait_s_per_item is None  # its counter is not read here: not 0, which would say no wait
+
+
 def test_observe_idle_tick_and_new_stage():
     prev = _snapshot(0.0, 500, [_stage("read", items=5, rows=500)])
     cur = _snapshot(

@@ -3,8 +3,8 @@
 Owns one comparison: ``intune bench tune``'s pipeline (``tune_workload``: a reader waiting on storage
 in thread workers, a pure-Python UDF in process workers) is run live at each allocation of a small grid,
 and its simulated twin (``tune_workload.simulated_spec``) at the same allocation and CPUs. Every field a
-policy reads (throughput, CPU budget, and per stage busy / starved / blocked, CPU and busy wall seconds
-per row, the CPU share of a busy worker, the measured memory of one worker) is averaged over the same
+policy reads (throughput, CPU budget, and per stage busy / starved / blocked, CPU, busy wall and
+waiting-for-a-CPU seconds per row, the CPU share of a busy worker, the measured memory of one worker) is averaged over the same
 number of ticks and printed side by side with their ratio.
 
 Why: a policy pretrained in the simulator acts on what it learned the signals mean; a field the engine
@@ -33,7 +33,7 @@ from intune.results import format_table, machine_info, write_json
 
 GRID = {"read.workers": (1, 2, 4), "udf.workers": (1, 2, 3)}
 STAGES = ("read", "udf")
-STAGE_FIELDS = ("busy", "starved", "blocked", "cpu_s_per_row", "wall_s_per_row", "cpu_share", "worker_mb")
+STAGE_FIELDS = ("busy", "starved", "blocked", "cpu_s_per_row", "wall_s_per_row", "cpu_wait_s_per_row", "cpu_share", "worker_mb")
 
 
 def fields(obs: Observation) -> dict[str, float]:
@@ -51,6 +51,7 @@ def fields(obs: Observation) -> dict[str, float]:
             "blocked": s.blocked,
             "cpu_s_per_row": s.cpu_s_per_item * per_row,
             "wall_s_per_row": s.wall_s_per_item * per_row,
+            "cpu_wait_s_per_row": (s.cpu_wait_s_per_item or 0.0) * per_row,
             "cpu_share": s.cpu_share or 0.0,
             "worker_mb": s.worker_bytes / (1 << 20),
         }

@@ -62,6 +62,7 @@ def observe_stage(
     d_transfer_bytes = cur.transfer_bytes - (prev.transfer_bytes if prev else 0)
     d_rows = cur.rows - (prev.rows if prev else 0)
     d_cpu = cur.cpu_s - (prev.cpu_s if prev else 0.0)
+    d_cpu_wait = cur.cpu_wait_s - (prev.cpu_wait_s if prev else 0.0)
     d_busy = cur.busy_s - (prev.busy_s if prev else 0.0)
     d_starved = cur.starved_s - (prev.starved_s if prev else 0.0)
     d_blocked = cur.blocked_s - (prev.blocked_s if prev else 0.0)
@@ -95,6 +96,7 @@ def observe_stage(
         transfer_s_per_item=max(0.0, d_transfer_s) / d_remote if d_remote > 0 else 0.0,
         transfer_bytes_per_item=max(0, d_transfer_bytes) / d_remote if d_remote > 0 else 0.0,
         worker_bytes=float(cur.worker_bytes),
+        cpu_wait_s_per_item=(max(0.0, d_cpu_wait) / d_items if d_items > 0 else 0.0) if cur.cpu_wait_measured else None,
     )
 
 

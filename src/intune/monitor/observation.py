@@ -68,6 +68,10 @@ class StageObservation:
     # memory one local worker holds, measured (live: ``StageMetrics.worker_bytes``; simulated: the model's
     # figure with a reading's noise); 0 = not measured. What one more worker would add (``SafetyLayer``)
     worker_bytes: float = 0.0
+    # of wall_s_per_item, the worker seconds per chunk spent ready to run while no CPU ran it (live: the
+    # kernel's run-queue delay; simulated: the model's CPU share); None = not measured. The rest of the
+    # wall time past the CPU time is the stage's own wait (storage, a lock), which more workers overlap
+    cpu_wait_s_per_item: float | None = None
 
     @property
     def cpu_share(self) -> float | None:

@@ -36,6 +36,10 @@ class StageMetrics:
     # gauge: memory one local worker holds, the mean over the workers (process: its private pages and
     # shared-memory segments; thread: the chunks in its hands, input and output); 0 = not measured
     worker_bytes: float = 0.0
+    # of busy_s, seconds the local workers were ready to run while no CPU ran them (the kernel's
+    # run-queue delay, ``intune.pipeline.cpu_wait``; cumulative); ``cpu_wait_measured`` False: not read
+    cpu_wait_s: float = 0.0
+    cpu_wait_measured: bool = False
     # a map stage's remote workers (``remote_ray``): items, rows and bytes_out above count their output
     # too; cpu_s, busy_s, starved_s, blocked_s and workers are the local workers' only
     remote_workers: int = 0  # gauge: value of "<name>.remote_workers" (0 without a remote pool)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from intune.pipeline import cpu_wait
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.errors import StageError
 from intune.pipeline.procworker import SLOTS, ChunkTimeout, RemoteError, WorkerDied, WorkerInitError
@@ -131,9 +132,10 @@ class PoolRun:
                 reserved = False
                 stats.held_bytes = item.nbytes
                 stats.work_item, stats.work_since = item, t1
-                c0 = time.thread_time()
+                c0, q0 = time.thread_time(), cpu_wait.thread_wait_s()
                 results = self._process(index, item, stats)
                 stats.cpu_s += time.thread_time() - c0
+                stats.cpu_wait_s += cpu_wait.thread_wait_s() - q0
                 stats.work_since, stats.work_item = 0.0, None
                 stats.busy_s += clock() - t1
                 count_out(stats, results)
@@ -363,7 +365,8 @@ class ProcessPoolRun(PoolRun):
             stats.work_item, stats.work_since = item, t1
         try:
             result, cpu = worker.collect(self._stop, handling.timeout_s)
-            stats.cpu_s += cpu
+            stats.cpu_s += cpu.cpu_s
+            stats.cpu_wait_s += cpu.wait_s
             results = self._outcome(index, seq, item, result, stats)
         except RemoteError as exc:
             results = handling.failed(item, stats, exc)

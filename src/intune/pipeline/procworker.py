@@ -33,10 +33,18 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from intune.pipeline import shm
+from intune.pipeline import cpu_wait, shm
 from intune.pipeline.channel import Stopped
+
+
+class CpuTime(NamedTuple):
+    """What one chunk cost a child: its CPU seconds, and its seconds ready to run while no CPU ran it
+    (``cpu_wait``)."""
+
+    cpu_s: float
+    wait_s: float
 
 
 class WorkerDied(Exception):
@@ -167,7 +175,7 @@ def _apply(fn: Any, message: tuple, inputs: list[shm.Mapping_], outputs: list[sh
     task_id, slot, name, size, layout = message
     in_buffer = inputs[slot].follow(name, size)
     output = outputs[slot]
-    cpu0 = time.process_time()
+    cpu0, wait0 = time.process_time(), cpu_wait.thread_wait_s()
     try:
         views = shm.read((in_buffer, None), layout, copy=False)
         passthrough = {id(v): entry for v, entry in zip(views.values(), layout, strict=True)}
@@ -179,12 +187,17 @@ def _apply(fn: Any, message: tuple, inputs: list[shm.Mapping_], outputs: list[sh
             output.ensure(out_size)
             shm.write(output.buffer, result, out_layout, shm.OUT)
         del result, views
-        return (task_id, "ok", output.path, output.size, out_layout, time.process_time() - cpu0)
+        return (task_id, "ok", output.path, output.size, out_layout, _spent(cpu0, wait0))
     except shm.SegmentSpaceError as exc:  # no room for the result: not the function's failure
         return (task_id, _NO_SPACE, str(exc))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
         text = traceback.format_exc()
-        return (task_id, "error", f"{type(exc).__name__}: {exc}", text, time.process_time() - cpu0)
+        return (task_id, "error", f"{type(exc).__name__}: {exc}", text, _spent(cpu0, wait0))
+
+
+def _spent(cpu0: float, wait0: float) -> CpuTime:
+    """This process's CPU seconds and its run-queue delay since ``cpu0`` / ``wait0``."""
+    return CpuTime(time.process_time() - cpu0, cpu_wait.thread_wait_s() - wait0)
 
 
 def _parent_gone(parent_pid: int, first_ppid: int, wait_s: float = 2.0) -> bool:
@@ -363,8 +376,8 @@ class ProcessWorker:
         except (BrokenPipeError, OSError):
             pass  # the child is gone: collect() sees end-of-file and reports it
 
-    def collect(self, stop: threading.Event, timeout_s: float | None = None) -> tuple[dict, float]:
-        """The result of the oldest chunk in flight: (result, child CPU seconds).
+    def collect(self, stop: threading.Event, timeout_s: float | None = None) -> tuple[dict, CpuTime]:
+        """The result of the oldest chunk in flight: (result, the child's CPU time and run-queue delay).
 
         Raises ``WorkerDied`` (the child is gone; ``restart`` re-sends the chunks in flight),
         ``RemoteError`` (the function raised on the oldest chunk, which is then dropped),

@@ -27,6 +27,7 @@ import numpy as np
 
 from intune.checkpoint import CheckpointError
 from intune.knobs import Knob
+from intune.pipeline import cpu_wait
 from intune.pipeline.channel import END, TIMEOUT, Channel, Item, Stopped
 from intune.pipeline.chunks import Chunk, Origin, RowTable, nbytes
 from intune.pipeline.errors import SchemaError, SourceError, StageError, StageTimeoutError, WorkerLostError
@@ -158,6 +159,8 @@ class Stage:
             rows=int(t["rows"]),
             cpu_s=float(t["cpu_s"]),
             busy_s=float(t["busy_s"]),
+            cpu_wait_s=float(t["cpu_wait_s"]),
+            cpu_wait_measured=cpu_wait.measured(),
             starved_s=float(t["starved_s"]),
             blocked_s=float(t["blocked_s"]),
             queue_len=out.items if out is not None else 0,
@@ -274,7 +277,7 @@ def sequential_loop(
         got = inp.get(timeout=0.2 if on_idle is not None else None)
         t1 = clock()
         stats.starved_s += t1 - t
-        c0 = time.thread_time()
+        c0, q0 = time.thread_time(), cpu_wait.thread_wait_s()
         if got is TIMEOUT:
             results: Iterable[Item] = on_idle() if on_idle is not None else []
         elif got is END:
@@ -285,6 +288,7 @@ def sequential_loop(
             t2 = clock()
             stats.busy_s += t2 - t1
             stats.cpu_s += time.thread_time() - c0
+            stats.cpu_wait_s += cpu_wait.thread_wait_s() - q0
             if results:
                 out.put(results)  # one hand-over for all the items one input gave (fewer wake-ups)
                 _count_out(stats, results)
@@ -294,13 +298,15 @@ def sequential_loop(
                 t2 = clock()
                 stats.busy_s += t2 - t1
                 stats.cpu_s += time.thread_time() - c0
+                stats.cpu_wait_s += cpu_wait.thread_wait_s() - q0
                 out.put([r])
                 _count_out(stats, [r])
                 t1 = clock()
                 stats.blocked_s += t1 - t2
-                c0 = time.thread_time()
+                c0, q0 = time.thread_time(), cpu_wait.thread_wait_s()
             stats.busy_s += clock() - t1
             stats.cpu_s += time.thread_time() - c0
+            stats.cpu_wait_s += cpu_wait.thread_wait_s() - q0
         if got is END:
             out.finish()
             return
@@ -434,14 +440,15 @@ class ReadStage(PooledStage):
             def pull() -> None:
                 # the source's work happens inside next(): its wall and thread CPU time are the
                 # stage's busy_s / cpu_s; the wait in put() for room downstream is blocked_s
-                clock, cpu = time.perf_counter, time.thread_time
+                clock, cpu, queued = time.perf_counter, time.thread_time, cpu_wait.thread_wait_s
                 stream = iter(self.source.stream())
                 index = -1
                 while True:
-                    t, c0 = clock(), cpu()
+                    t, c0, q0 = clock(), cpu(), queued()
                     item = next(stream, None)
                     index += 1
                     stats.cpu_s += cpu() - c0
+                    stats.cpu_wait_s += queued() - q0
                     t1 = clock()
                     stats.busy_s += t1 - t
                     if item is None:

@@ -1,6 +1,6 @@
 """Per-worker counters of a stage, summed into a snapshot without locks.
 
-Owns the cumulative counters behind ``StageMetrics`` (items, rows, CPU, busy, starved, blocked,
+Owns the cumulative counters behind ``StageMetrics`` (items, rows, CPU, run-queue delay, busy, starved, blocked,
 skipped, restarts, bytes out, and for remote workers the transfer time and bytes) and two gauges (bytes a worker holds in hand, and since when it has
 held work without progress). Each worker thread writes only its own ``WorkerStats``, so the hot path takes no
 lock and a snapshot is a cheap sum. It must not compute rates.
@@ -17,6 +17,7 @@ class WorkerStats:
     items: int = 0
     rows: int = 0
     cpu_s: float = 0.0
+    cpu_wait_s: float = 0.0  # of busy_s, seconds ready to run while no CPU ran it (``cpu_wait``)
     busy_s: float = 0.0
     starved_s: float = 0.0
     blocked_s: float = 0.0
@@ -39,6 +40,7 @@ class StageStats:
         "items",
         "rows",
         "cpu_s",
+        "cpu_wait_s",
         "busy_s",
         "starved_s",
         "blocked_s",

@@ -5,8 +5,10 @@ The model. After ``PROFILE_TICKS`` settled ticks at one allocation (``MIN_PROFIL
 machine's tick noise, pooled over the fits so far, already puts their mean rate within
 ``PROFILE_PRECISION``: ``TickSpread``), each stage's cost per delivered
 element is read from what it did (``intune.policies.stage_costs``, the profile Plumber solves on):
-its CPU seconds, and a worker's seconds on a CPU of its own, the CPU time plus the stage's own wait
-(busy wall time less the CPU time stretched by contention, ``contention``). Each stage's cost is then
+its CPU seconds, and a worker's seconds on a CPU of its own, the CPU time plus the stage's own wait: its
+busy wall time less the CPU time and the time it waited for a CPU (measured,
+``StageObservation.cpu_wait_s_per_item``; where the machine does not measure it, the CPU time stretched
+as much as the stage that waits least shows, ``contention``, said once in the log). Each stage's cost is then
 fitted over the worker counts it was seen at (``with_scaling``): a stage whose workers take turns or
 share a resource shows a cost that grows with its workers, and is planned at its ceiling. An
 allocation ``a`` delivers ``min(min_i a_i / (work_i + slope_i a_i), cpus / sum_i cpu_i)`` elements a
@@ -65,6 +67,7 @@ first), and the runner's clamp applies the CPUs.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -97,6 +100,8 @@ CEILING_TICKS = 120  # ticks a measured ceiling holds before the model may try p
 CONFIDENCE_Z = 2.0  # standard errors by which one measured rate must beat another for the difference to count
 MEASURED_TICKS = 16  # the most recent ticks at an allocation that its measured rate is read from
 LOCAL_MIN_SHARE = 0.05  # share of a stage's elements its local workers must process for their cost to be read
+
+log = logging.getLogger(__name__)
 
 
 class Measured:
@@ -195,6 +200,8 @@ class StageCosts:
     # delivered elements/s a stage's remote workers carried (their rows took no local CPU): ``work`` and
     # ``cpu_work`` are then its local workers' costs per element they processed
     remote: tuple[float, ...] = ()
+    # the stages' waits for a CPU were measured (else estimated: ``contention``)
+    cpu_wait_measured: bool = True
 
     def remote_rate(self, i: int) -> float:
         """Delivered elements/s stage ``i``'s remote workers carried (0 without a pool)."""
@@ -279,7 +286,8 @@ def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob], per_row:
         return None
     names = [s.name for s in window[-1].stages if f"{s.name}.workers" in knobs]
     profiles = {n: prof[n] for n in names if n in prof}
-    squeeze = contention(profiles.values(), window[-1].cpus)
+    queue_measured = all(p.cpu_wait_s is not None for p in profiles.values())
+    squeeze = 1.0 if queue_measured else contention(profiles.values(), window[-1].cpus)
     work, cpu_work, seq, waiting, remote = [], [], [], [], []
     seconds = sum(o.dt_s for o in window)
     for n in names:
@@ -291,7 +299,7 @@ def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob], per_row:
         if per <= 0.0:
             per = math.nan  # remote workers took every element: the local workers' cost is not measured
         cpu = p.cpu_s / per if p else 0.0
-        wait = max(0.0, p.wall_s - squeeze * p.cpu_s) / per if p else 0.0
+        wait = max(0.0, p.wall_s - p.cpu_s - _cpu_wait(p, squeeze)) / per if p else 0.0
         cpu_work.append(cpu)
         work.append(cpu + wait)
         seq.append(knob.max <= 1)
@@ -300,7 +308,13 @@ def fit_costs(window: Sequence[Observation], knobs: Mapping[str, Knob], per_row:
     rows = sum(o.stages[-1].rows_per_s * o.dt_s for o in window)
     item_bytes = {n: p.bytes / p.items for n, p in prof.items() if p.items > 0}
     return StageCosts(tuple(names), tuple(work), tuple(cpu_work), tuple(seq), tuple(waiting), rows / root_items, item_bytes,
-                      remote=tuple(remote) if any(remote) else ())
+                      remote=tuple(remote) if any(remote) else (), cpu_wait_measured=queue_measured)
+
+
+def _cpu_wait(p: StageProfile, squeeze: float) -> float:
+    """The stage's seconds waiting for a CPU over the window: measured, or its CPU time stretched by
+    ``squeeze`` (``contention``) where a tick did not measure it."""
+    return p.cpu_wait_s if p.cpu_wait_s is not None else (squeeze - 1.0) * p.cpu_s
 
 
 def _remote_placement(obs: Observation) -> tuple[float, ...]:
@@ -431,6 +445,7 @@ class PlannerPolicy:
         self.plans = 0
         self._target = {n: k.value for n, k in self.knobs.items()}
         self._remote = _remote_placement(observation)  # the remote cluster the measurements were taken with
+        self._said_cpu_wait = False  # the log said the waits for a CPU are not measured
 
     def step(self, observation: Observation) -> dict[str, int]:
         obs = observation
@@ -458,6 +473,10 @@ class PlannerPolicy:
             rates = self._window_rates()
             self._window.clear()
             self._spread.add(rates)
+            if costs is not None and not costs.cpu_wait_measured and not self._said_cpu_wait:
+                self._said_cpu_wait = True
+                log.info("the workers' waits for a CPU are not measured here (no /proc/thread-self/schedstat): "
+                         "each stage's own wait is estimated from the stage that waits least")
             if costs is not None:
                 for name, work in zip(costs.names, costs.work, strict=True):
                     if not math.isnan(work):  # a cost not measured is no point of the stage's scaling

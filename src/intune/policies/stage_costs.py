@@ -2,7 +2,8 @@
 planners (``plumber``, ``planner``) solve on.
 
 A stage's cost is measured, never assumed: its elements, CPU seconds and busy wall seconds over the
-window (``StageObservation.cpu_s_per_item``, ``wall_s_per_item``). Visit ratios (elements of a stage
+window (``StageObservation.cpu_s_per_item``, ``wall_s_per_item``), and of the wall seconds those it
+waited for a CPU (``cpu_wait_s_per_item``). Visit ratios (elements of a stage
 per element leaving the pipeline) turn them into seconds per delivered element. Two rules read the
 profile's shape:
 
@@ -46,6 +47,7 @@ class StageProfile:
     bytes: float = 0.0
     time_s: float = 0.0
     remote_items: float = 0.0  # of ``items``, those remote workers processed (no local CPU or wall time)
+    cpu_wait_s: float | None = 0.0  # of ``wall_s``, ready to run with no CPU running it; None: a tick did not measure it
 
 
 def profile_of(window: Iterable[Observation]) -> dict[str, StageProfile]:
@@ -59,6 +61,8 @@ def profile_of(window: Iterable[Observation]) -> dict[str, StageProfile]:
             p.rows += s.rows_per_s * o.dt_s
             p.cpu_s += s.cpu_s_per_item * n
             p.wall_s += s.wall_s_per_item * n
+            queued = s.cpu_wait_s_per_item
+            p.cpu_wait_s = None if queued is None or p.cpu_wait_s is None else p.cpu_wait_s + queued * n
             p.busy_workers_s += s.busy * s.workers * o.dt_s
             p.bytes += s.bytes_per_item * n
             p.time_s += o.dt_s

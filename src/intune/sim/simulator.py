@@ -7,6 +7,10 @@ noise streams) and turns the pure model of ``intune.sim.model`` into the same
 It must not choose allocations (policies do) nor search for the optimum beyond delegating to
 ``intune.sim.oracle``.
 
+A busy worker's wall time is its CPU time, its wait for a CPU (``cpu_wait_s_per_item``, what the engine
+reads as the run-queue delay: where the runnable workers outnumber the CPUs each gets a share of one)
+and its own wait (I/O, and a lock its stage's workers share: ``contention``).
+
 Irregular stages (a spec stage with ``cost_tail`` or ``size_cv``) are sampled item by item: each tick,
 every such stage works through its own sequence of items (a tail stage: per-item cost multipliers of
 mean 1 and cv ``cpu_cv``; a size stage: the sizes of one stream that every size stage shares, so the
@@ -278,20 +282,21 @@ class Simulator:
         self._irregular = _IrregularItems(spec, self.params, seed) if irregular else None
         self.reset()
 
-    def _busy_caps(self, rows: np.ndarray, c: np.ndarray, io: np.ndarray) -> np.ndarray:
+    def _busy_caps(self, rows: np.ndarray, c: np.ndarray, io: np.ndarray) -> tuple[np.ndarray, float]:
         """Each stage's rows/s if its workers were busy all the time, on saturated CPUs where each
         stage's local workers process ``rows`` rows/s (a remote pool's rows are not theirs).
 
         A busy worker (in its function, as the engine counts it) either runs, waits for I/O or waits for
         a CPU; every runnable worker gets the same share ``s`` of a CPU. The share is the one at which
         the stage that needs the most CPU for its workers is busy all the time (rows (c/s + io) = its
-        effective workers), so its workers read busy 1.0 as the engine's do, and the others less."""
+        effective workers), so its workers read busy 1.0 as the engine's do, and the others less.
+        Returns the caps and the share."""
         room = np.maximum(self._eff - rows * io, 1e-12)
         share = min(1.0, float(np.max(rows * c / room)))
         if share <= 0.0:  # nothing flows (or nothing costs CPU): no worker is busy, at any share
             share = 1.0
         caps = self._eff / (c / share + io)
-        return self._gil_cap(caps, c, share) if self._gil_stages else caps
+        return (self._gil_cap(caps, c, share) if self._gil_stages else caps), share
 
     def _gil_cap(self, caps: np.ndarray, c: np.ndarray, share: float) -> np.ndarray:
         """A GIL-bound thread stage makes at most ``share / (gil * c)`` rows/s (model.stage_capacity)."""
@@ -482,6 +487,7 @@ class Simulator:
             self._b_list = self._buffer_mb.astype(int).tolist()
             self._alloc_changed = False
         c = p.cpu_s_per_row * mult
+        cpu_share = 1.0  # of a CPU, what a runnable worker gets (the rest of its CPU part it waits in the run queue)
         caps = self._eff / (c + p.io_s_per_row)
         if self._gil_stages:
             caps = self._gil_cap(caps, c, 1.0)
@@ -503,7 +509,7 @@ class Simulator:
         if self._demand > 0:
             T = min(T, self._demand)
         if t_cpu < t_stage:  # CPU-bound: every worker gets a fair share of the CPUs
-            share = t_cpu / t_stage
+            share = cpu_share = t_cpu / t_stage
             caps = self._eff / (c / share + p.io_s_per_row)
             if self._gil_stages:
                 caps = self._gil_cap(caps, c, share)
@@ -553,7 +559,7 @@ class Simulator:
                 rows = np.full(p.n_stages, T)  # (not where the trainer takes less than the CPUs make)
                 if pool is not None:
                     rows[pool.stage] = max(0.0, T - float(remote[pool.stage]))
-                caps = self._busy_caps(rows, c, p.io_s_per_row)
+                caps, cpu_share = self._busy_caps(rows, c, p.io_s_per_row)
             busy = np.minimum(1.0, T / caps)
         idle = 1.0 - busy
         queue_fill = np.minimum(self._buffered / self._cap_bytes, 1.0)  # a buffer just shrunk holds more until it drains
@@ -566,17 +572,22 @@ class Simulator:
         items = realised / rpi * z[2 : 2 + n]
         cpu_item = c * rpi / eta * z[2 + n : 2 + 2 * n]
         wall_item = w * rpi / caps * z[2 + 2 * n :]
+        # of the wall time, the CPU part's stretch past the CPU time: runnable, no CPU running it
+        queued_item = c * rpi * max(0.0, 1.0 / cpu_share - 1.0 / eta) * z[2 + 2 * n :]
         bytes_item = p.bytes_per_item
         if irregular:
             cpu_item = cpu_item * m_cpu
             wall_item = wall_item * m_time
+            queued_item = queued_item * m_time
             bytes_item = bytes_item * m_bytes
         cpu_item = np.minimum(cpu_item, wall_item)  # one worker never spends more CPU than its busy time
+        queued_item = np.minimum(queued_item, wall_item - cpu_item)
         if pool is not None:  # the stage's local workers take the rows its remote workers leave
             taken = min(T, float(remote[r_i]))
             local = (T - taken) / T if T > 0 else 1.0
             cpu_item[r_i] *= local
             wall_item[r_i] *= local
+            queued_item[r_i] *= local
             busy[r_i] = min(1.0, (T - taken) / caps[r_i])
             idle = 1.0 - busy
         readings = self._worker_readings()
@@ -604,6 +615,7 @@ class Simulator:
                 [0.0] * n,
                 [0.0] * n,
                 readings,
+                queued_item.tolist(),
             )
         )
         if pool is not None:
@@ -678,7 +690,8 @@ class Simulator:
     def _idle_observation(self, t: int, cpus: int, mem: float, oom: bool) -> Observation:
         p = self.params
         stages = tuple(
-            StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0, kind=kind, mode=mode)
+            StageObservation(name, int(w), int(b), 0.0, 0.0, 0.0, 0.0, float(bpi), 0.0, 0.0, 0.0, 0.0, 0.0, kind=kind, mode=mode,
+                             cpu_wait_s_per_item=0.0)
             for name, w, b, bpi, kind, mode in zip(
                 self._stage_names, self._workers, self._buffer_mb, p.bytes_per_item, self._kinds, self._modes, strict=True
             )
