@@ -34,19 +34,23 @@ SPIN = """
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             pass
+
+    def rival(seconds):  # a forked child spinning on the same CPU for ``seconds``; its pid
+        pid = os.fork()
+        if pid == 0:
+            spin(seconds)
+            os._exit(0)
+        return pid
 """
 
 
 def test_a_thread_sharing_one_cpu_with_a_spinning_process_waits_for_it_about_half_its_time():
     got = _pinned(SPIN + """
-    rival = os.fork()
-    if rival == 0:
-        spin(1.5)
-        os._exit(0)
+    other = rival(1.5)
     t0, c0, q0 = time.perf_counter(), time.thread_time(), cpu_wait.thread_wait_s()
     spin(1.0)
     wall, cpu, queued = time.perf_counter() - t0, time.thread_time() - c0, cpu_wait.thread_wait_s() - q0
-    os.waitpid(rival, 0)
+    os.waitpid(other, 0)
     print(json.dumps({"wall": wall, "cpu": cpu, "queued": queued}))
     """)
     # always runnable: every second not on the CPU is one in the run queue, and the rival takes its turns
@@ -56,12 +60,9 @@ def test_a_thread_sharing_one_cpu_with_a_spinning_process_waits_for_it_about_hal
 
 def test_a_forked_child_reads_its_own_wait_not_its_parents():
     got = _pinned(SPIN + """
-    rival = os.fork()
-    if rival == 0:
-        spin(0.6)
-        os._exit(0)
+    other = rival(0.6)
     spin(0.5)  # the parent's thread has waited for the rival by now
-    os.waitpid(rival, 0)
+    os.waitpid(other, 0)
     parent = cpu_wait.thread_wait_s()
     read, write = os.pipe()
     child = os.fork()

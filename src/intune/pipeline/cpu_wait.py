@@ -8,7 +8,7 @@ run-queue delay is the CPUs' share, which more workers never buy. Measured, the 
 something of its own).
 
 Costs about a microsecond: the file stays open per thread and is re-read in place. A forked child
-opens its own (the inherited one is its parent's thread's).
+opens its own (the inherited one is its parent's thread's): the readers are forgotten at a fork.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ class _Reader:
     """One thread's open schedstat file, closed with the thread's locals."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         try:
             self.fd = os.open(_PATH, os.O_RDONLY)
         except OSError:
@@ -49,9 +48,18 @@ class _Reader:
 _local = threading.local()
 
 
+def _forget_readers() -> None:
+    """In a forked child: the readers it inherited read its parent's threads."""
+    global _local
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_readers)
+
+
 def _reader() -> _Reader:
     reader = getattr(_local, "reader", None)
-    if reader is None or reader.pid != os.getpid():
+    if reader is None:
         reader = _local.reader = _Reader()
     return reader
 
