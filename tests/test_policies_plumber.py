@@ -18,6 +18,7 @@ from intune.policies.plumber import (
     round_allocation,
     solve_lp,
 )
+from intune.policies.stage_costs import jitter_elements
 from intune.sim import Simulator, constant_schedule, run_episode
 from intune.sim.spec import spec_from_dict
 
@@ -232,3 +233,9 @@ def test_gives_a_simulated_io_bound_reader_the_workers_its_io_needs():
     read, udf = r.knobs["read.workers"][-1], r.knobs["udf.workers"][-1]
     assert min(read, udf) >= 7 and read + udf >= 15 and r.knobs["prefetch.workers"][-1] == 1
     assert r.model_throughput[-1] >= 350_000 * (1 - 1e-6)
+
+
+def test_jitter_depth_by_hand():
+    # starved 6.5% at 2 elements: (1 + 2) * 0.065 / 0.01 - 1 = 18.5 elements for 1%
+    assert jitter_elements(0.065, 2.0, 0.01) == pytest.approx(18.5)
+    assert jitter_elements(0.005, 2.0, 0.01) == 2.0  # already under the target: what it holds

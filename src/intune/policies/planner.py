@@ -27,7 +27,9 @@ keeps the fewest workers that carry ``NEAR_BEST`` of that rate (or the consumer'
 ``DEMAND_HEADROOM``, if lower) with ``STAGE_MARGIN`` to spare. Buffers: the prefetch holds what the rate
 gap between the plan and the consumer calls for (``prefetch_elements``, at least
 ``MIN_PREFETCH_ELEMENTS`` for jitter); the shuffle buffer stays at the user's window (its size sets how
-random the order is); others hold.
+random the order is); others hold. The slowest stage's own buffer deepens where that stage idles
+starved (``_deepen_for_jitter``): on the stage that sets the rate, waiting for input is rate lost to
+the stages' varying costs, which a deeper buffer absorbs.
 
 Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
 allocation in force under the same model, or, with fewer workers, at least ``NEAR_BEST`` of it where each
@@ -81,7 +83,7 @@ from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
 from intune.policies.base import cpu_budget, light_worker_room
 from intune.policies.remote_sizing import with_remote_placement
 from intune.policies.safety import TRIM_MARGIN, SafetyLayer, shuffle_floor, start_allocation
-from intune.policies.stage_costs import StageProfile, prefetch_elements, profile_of
+from intune.policies.stage_costs import StageProfile, jitter_elements, prefetch_elements, profile_of
 from intune.units import MB
 
 PROFILE_TICKS = 4  # the most settled ticks at one allocation that one fit of the costs reads
@@ -92,6 +94,9 @@ NEAR_BEST = 0.98  # allocations predicted within this share of the best rate com
 GAIN = 0.05  # what a new plan must predict above the allocation in force to replace it
 DEMAND_HEADROOM = 1.1  # rate planned above a known consumer demand, for its jitter
 MIN_PREFETCH_ELEMENTS = 2
+JITTER_LOSS = 1.0 - NEAR_BEST  # the slowest stage's starved share past which its buffer deepens ...
+JITTER_TARGET = JITTER_LOSS / 2  # ... to hold what lowers the share to this
+MAX_JITTER_GROWTH = 8  # the most one fit multiplies a buffer by: one noisy window must not ask for gigabytes
 STAGE_MARGIN = 1.1  # a stage left with fewer workers keeps this much capacity above the goal: rates are measured within ~10%
 SATURATED = 0.9  # share of the CPUs the stages must use for their workers to be descheduled
 CONTENTION_MIN_CORES = 0.1  # CPU a stage must use for its wall/CPU ratio to measure the contention
@@ -446,6 +451,10 @@ class PlannerPolicy:
         self._target = {n: k.value for n, k in self.knobs.items()}
         self._remote = _remote_placement(observation)  # the remote cluster the measurements were taken with
         self._said_cpu_wait = False  # the log said the waits for a CPU are not measured
+        self._jitter: tuple[str, float, float] | None = None  # the last fit's slowest stage: starved, blocked
+        self._jitter_mb: dict[str, int] = {}  # buffer knob -> the depth its stage's jitter called for
+        self._jitter_last: dict[str, tuple[float, float]] = {}  # ... -> (elements held, starved) when it did
+        self._jitter_spent: set[str] = set()  # buffer knobs whose deepening took no loss away
 
     def step(self, observation: Observation) -> dict[str, int]:
         obs = observation
@@ -471,6 +480,7 @@ class PlannerPolicy:
         elif self._profiled():
             costs = fit_costs(list(self._window), self.knobs)
             rates = self._window_rates()
+            self._jitter = self._slowest_idle()
             self._window.clear()
             self._spread.add(rates)
             if costs is not None and not costs.cpu_wait_measured and not self._said_cpu_wait:
@@ -488,6 +498,7 @@ class PlannerPolicy:
                 costs = self.costs = replace(with_scaling(costs, self._seen), ceiling=self._ceiling)
                 self._tried.setdefault(self._allocation(costs.names), Measured()).add(rates)
                 self._review(obs, costs)
+                self._deepen_for_jitter(obs)
         return self.request(obs, values)
 
     def _forget_measured(self) -> None:
@@ -707,8 +718,54 @@ class PlannerPolicy:
             self._target[f"{stage}.workers"] = workers
         self._plan_buffers(obs)
 
+    def _slowest_idle(self) -> tuple[str, float, float] | None:
+        """The window's slowest stage (the busiest) and the shares of its time it idled starved and
+        blocked: on the slowest stage, waiting for input is rate lost to the stages' varying costs;
+        waiting on a full output is the consumer's limit, which no buffer lifts."""
+        if not self._window:
+            return None
+        n = len(self._window)
+        names = [s.name for s in self._window[0].stages]
+        busy = [sum(o.stages[i].busy for o in self._window) / n for i in range(len(names))]
+        i = max(range(len(names)), key=busy.__getitem__)
+        return (names[i], sum(o.stages[i].starved for o in self._window) / n,
+                sum(o.stages[i].blocked for o in self._window) / n)
+
+    def _deepen_for_jitter(self, obs: Observation) -> None:
+        """Deepen the slowest stage's own buffer (not a shuffle's: its size sets how random the order
+        is) where that stage idled starved more than ``JITTER_LOSS`` and more than it idled blocked: to
+        the depth ``jitter_elements`` gives for ``JITTER_TARGET``, at most
+        ``MAX_JITTER_GROWTH`` times what it holds. A depth that did not take at least half the predicted
+        loss away says the stage starves for another reason: that buffer deepens no more. The depth is
+        kept as the buffer's floor in later plans; the safety layer grants it only within the memory
+        margin."""
+        if self._jitter is None or self.costs is None:
+            return
+        stage, starved, blocked = self._jitter
+        knob = self.knobs.get(f"{stage}.buffer_mb")
+        size = self.costs.item_bytes.get(stage, 0.0)
+        if (knob is None or knob.name in self._jitter_spent or starved <= JITTER_LOSS or blocked > starved
+                or size <= 0 or obs.kinds().get(stage) == "shuffle"):
+            return
+        held = knob.value * MB / size
+        last = self._jitter_last.get(knob.name)
+        if last is not None and held > last[0]:
+            predicted = last[1] * (1.0 + last[0]) / (1.0 + held)
+            if starved > (last[1] + predicted) / 2:
+                self._jitter_spent.add(knob.name)
+                log.debug("%s still starved %.1f%% at %d MB: its buffer deepens no more", stage, 100 * starved, knob.value)
+                return
+        depth = min(jitter_elements(starved, held, JITTER_TARGET), MAX_JITTER_GROWTH * max(held, 1.0))
+        want = knob.clamp(math.ceil(depth * size / MB))
+        if want > max(knob.value, self._jitter_mb.get(knob.name, 0)):
+            log.debug("%s starved %.1f%% as the slowest stage: %s to %d MB", stage, 100 * starved, knob.name, want)
+            self._jitter_mb[knob.name] = want
+            self._jitter_last[knob.name] = (held, starved)
+            self._target[knob.name] = max(self._target[knob.name], want)
+
     def _plan_buffers(self, obs: Observation) -> None:
-        """Prefetch from the rate gap; the shuffle window as the user set it; other buffers hold."""
+        """Prefetch from the rate gap; the shuffle window as the user set it; other buffers hold; none
+        below the depth its stage's jitter called for (``_deepen_for_jitter``)."""
         assert self.plan is not None and self.costs is not None
         if obs.demand > 0 and self.costs.rows_per_item > 0:
             demand = obs.demand / self.costs.rows_per_item
@@ -727,6 +784,8 @@ class PlannerPolicy:
                     self._target[k.name] = k.clamp(math.ceil(depth * size / MB))
             elif kinds.get(k.stage) == "shuffle":
                 self._target[k.name] = k.clamp(max(int(lowest), self._target[k.name]))
+            if k.name in self._jitter_mb:
+                self._target[k.name] = max(self._target[k.name], self._jitter_mb[k.name])
 
     def request(self, obs: Observation, values: list[int]) -> dict[str, int]:
         """The target, as far as the safety layer admits it this tick. Where the memory admits fewer
@@ -746,6 +805,8 @@ class PlannerPolicy:
         for k, v, w in zip(self.safety.knobs, values, admitted.tolist(), strict=True):
             if k.unit == "mb" and w < v:  # a buffer the memory cut stays cut: the plan follows the limit
                 self._target[k.name] = min(self._target[k.name], int(w))
+                if k.name in self._jitter_mb:
+                    self._jitter_mb[k.name] = min(self._jitter_mb[k.name], int(w))
         return {k.name: int(w) for k, v, w in zip(self.safety.knobs, values, admitted.tolist(), strict=True) if w != v}
 
     # -- resume -----------------------------------------------------------------------------------
@@ -755,6 +816,7 @@ class PlannerPolicy:
         if self.plan is not None:
             out["plan"] = {"workers": dict(self.plan.workers), "theta": self.plan.theta, "cpus": self.plan.cpus}
         out["target"] = dict(self._target)
+        out["jitter_mb"] = dict(self._jitter_mb)
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -764,6 +826,7 @@ class PlannerPolicy:
         if plan is not None:
             self.plan = Plan({str(k): int(v) for k, v in plan["workers"].items()}, float(plan["theta"]), float(plan["cpus"]))
         self._target.update({str(k): int(v) for k, v in state.get("target", {}).items() if k in self._target})
+        self._jitter_mb = {str(k): int(v) for k, v in state.get("jitter_mb", {}).items() if k in self._target}
         self._start = None
 
 

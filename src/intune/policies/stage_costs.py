@@ -16,7 +16,8 @@ profile's shape:
   element at least 0.8 x busy workers x its CPU time (GIL-bound threads). More workers do not raise
   its rate.
 
-Also the prefetch depth that a rate gap calls for (``prefetch_elements``). It must not choose an
+Also the prefetch depth that a rate gap calls for (``prefetch_elements``), and the depth a stage's
+buffer needs for the jitter its slowest stage shows (``jitter_elements``). It must not choose an
 allocation: that is each planner's own decision.
 """
 
@@ -98,4 +99,17 @@ def prefetch_elements(theta: float, demand: float) -> int:
     return int(min(MAX_PREFETCH_ELEMENTS, 1 + math.ceil(rho / (1.0 - rho) - 1e-9)))
 
 
-__all__ = ["IO_BOUND_SHARE", "MAX_PREFETCH_ELEMENTS", "StageProfile", "io_bound", "is_sequential", "prefetch_elements", "profile_of"]
+def jitter_elements(starved: float, held: float, target: float) -> float:
+    """Elements a buffer must hold for the slowest stage's jitter loss to fall to ``target``.
+
+    The slowest stage of a line of queues should be busy all the time; what it idles starved is the
+    rate lost to the stages' varying costs, which a buffer of ``n`` elements absorbs as ``1 / (1 + n)``
+    (a finite queue between two stages of nearly equal rates). So the share ``starved`` measured while
+    the buffer held ``held`` elements falls to ``target`` at ``(1 + held) * starved / target - 1``."""
+    if starved <= target or target <= 0:
+        return held
+    return (1.0 + max(held, 0.0)) * starved / target - 1.0
+
+
+__all__ = ["IO_BOUND_SHARE", "MAX_PREFETCH_ELEMENTS", "StageProfile", "io_bound", "is_sequential", "jitter_elements",
+           "prefetch_elements", "profile_of"]
