@@ -701,3 +701,24 @@ def test_a_buffer_deepens_no_more_where_the_consumer_sets_the_rate():
     # output and starved 0.03: no depth lifts that; a depth that took no loss away ends the deepening,
     # which without that check took the buffer to its 1 GB maximum
     assert _run_jittery("prefetch", 1 / 280)[0] <= 16
+
+
+def test_a_depth_the_memory_cuts_is_not_asked_for_again():
+    knobs, _ = dict_knobs({**SPEC, "prefetch.buffer_mb": ("mb", 1, 4096, 64)})
+    stages = [_stage("read", 0.01), _stage("udf", 0.005), _stage("prefetch", 0.02)]
+    policy = make("planner")
+    policy.reset(knobs, _obs(stages))
+    policy.costs = StageCosts(("read", "udf", "prefetch"), (0.01, 0.005, 0.02), (0.01, 0.005, 0.02), (False,) * 3,
+                              (False,) * 3, 1.0, item_bytes={"prefetch": 4 * MB})
+    starved = ("prefetch", 0.05, 0.0)  # the slowest stage starved 5% holding 16 elements of 4 MB
+    policy._jitter = starved
+    policy._deepen_for_jitter(_obs(stages))
+    assert policy._target["prefetch.buffer_mb"] == 336  # (1 + 16) * 5 / 1 - 1 = 84 elements (8 x 16 at most) of 4 MB
+    tight = _obs(stages, used=6.6e9, limit=10e9)  # past the trim margin (0.65): the buffer is cut
+    policy.safety.track(tight)
+    policy.request(tight, [k.value for k in policy.safety.knobs])
+    cut = policy._target["prefetch.buffer_mb"]
+    assert cut < 64
+    policy._jitter = starved
+    policy._deepen_for_jitter(_obs(stages))
+    assert policy._target["prefetch.buffer_mb"] == cut

@@ -454,7 +454,7 @@ class PlannerPolicy:
         self._jitter: tuple[str, float, float] | None = None  # the last fit's slowest stage: starved, blocked
         self._jitter_mb: dict[str, int] = {}  # buffer knob -> the depth its stage's jitter called for
         self._jitter_last: dict[str, tuple[float, float]] = {}  # ... -> (elements held, starved) when it did
-        self._jitter_spent: set[str] = set()  # buffer knobs whose deepening took no loss away
+        self._jitter_spent: set[str] = set()  # buffer knobs whose deepening took no loss away or was cut
 
     def step(self, observation: Observation) -> dict[str, int]:
         obs = observation
@@ -736,9 +736,10 @@ class PlannerPolicy:
         is) where that stage idled starved more than ``JITTER_LOSS`` and more than it idled blocked: to
         the depth ``jitter_elements`` gives for ``JITTER_TARGET``, at most
         ``MAX_JITTER_GROWTH`` times what it holds. A depth that did not take at least half the predicted
-        loss away says the stage starves for another reason: that buffer deepens no more. The depth is
-        kept as the buffer's floor in later plans; the safety layer grants it only within the memory
-        margin."""
+        loss away says the stage starves for another reason, and a depth the memory cut says the memory
+        cannot afford it: either way that buffer deepens no more (deepened and cut by turns, it would
+        take the memory the workers' growth needs). The depth is kept as the buffer's floor in later
+        plans; the safety layer grants it only within the memory margin."""
         if self._jitter is None or self.costs is None:
             return
         stage, starved, blocked = self._jitter
@@ -805,8 +806,9 @@ class PlannerPolicy:
         for k, v, w in zip(self.safety.knobs, values, admitted.tolist(), strict=True):
             if k.unit == "mb" and w < v:  # a buffer the memory cut stays cut: the plan follows the limit
                 self._target[k.name] = min(self._target[k.name], int(w))
-                if k.name in self._jitter_mb:
+                if k.name in self._jitter_mb:  # the memory cannot afford the depth: it deepens no more
                     self._jitter_mb[k.name] = min(self._jitter_mb[k.name], int(w))
+                    self._jitter_spent.add(k.name)
         return {k.name: int(w) for k, v, w in zip(self.safety.knobs, values, admitted.tolist(), strict=True) if w != v}
 
     # -- resume -----------------------------------------------------------------------------------
