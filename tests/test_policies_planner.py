@@ -711,14 +711,12 @@ def test_a_depth_the_memory_cuts_is_not_asked_for_again():
     policy.costs = StageCosts(("read", "udf", "prefetch"), (0.01, 0.005, 0.02), (0.01, 0.005, 0.02), (False,) * 3,
                               (False,) * 3, 1.0, item_bytes={"prefetch": 4 * MB})
     starved = ("prefetch", 0.05, 0.0)  # the slowest stage starved 5% holding 16 elements of 4 MB
-    policy._jitter = starved
-    policy._deepen_for_jitter(_obs(stages))
+    policy._deepen_for_jitter(_obs(stages), starved)
     assert policy._target["prefetch.buffer_mb"] == 336  # (1 + 16) * 5 / 1 - 1 = 84 elements (8 x 16 at most) of 4 MB
     tight = _obs(stages, used=6.6e9, limit=10e9)  # past the trim margin (0.65): the buffer is cut
     policy.safety.track(tight)
     policy.request(tight, [k.value for k in policy.safety.knobs])
     cut = policy._target["prefetch.buffer_mb"]
     assert cut < 64
-    policy._jitter = starved
-    policy._deepen_for_jitter(_obs(stages))
+    policy._deepen_for_jitter(_obs(stages), starved)
     assert policy._target["prefetch.buffer_mb"] == cut

@@ -451,7 +451,6 @@ class PlannerPolicy:
         self._target = {n: k.value for n, k in self.knobs.items()}
         self._remote = _remote_placement(observation)  # the remote cluster the measurements were taken with
         self._said_cpu_wait = False  # the log said the waits for a CPU are not measured
-        self._jitter: tuple[str, float, float] | None = None  # the last fit's slowest stage: starved, blocked
         self._jitter_mb: dict[str, int] = {}  # buffer knob -> the depth its stage's jitter called for
         self._jitter_last: dict[str, tuple[float, float]] = {}  # ... -> (elements held, starved) when it did
         self._jitter_spent: set[str] = set()  # buffer knobs whose deepening took no loss away or was cut
@@ -480,7 +479,7 @@ class PlannerPolicy:
         elif self._profiled():
             costs = fit_costs(list(self._window), self.knobs)
             rates = self._window_rates()
-            self._jitter = self._slowest_idle()
+            idle = self._slowest_idle()
             self._window.clear()
             self._spread.add(rates)
             if costs is not None and not costs.cpu_wait_measured and not self._said_cpu_wait:
@@ -498,7 +497,7 @@ class PlannerPolicy:
                 costs = self.costs = replace(with_scaling(costs, self._seen), ceiling=self._ceiling)
                 self._tried.setdefault(self._allocation(costs.names), Measured()).add(rates)
                 self._review(obs, costs)
-                self._deepen_for_jitter(obs)
+                self._deepen_for_jitter(obs, idle)
         return self.request(obs, values)
 
     def _forget_measured(self) -> None:
@@ -731,7 +730,7 @@ class PlannerPolicy:
         return (names[i], sum(o.stages[i].starved for o in self._window) / n,
                 sum(o.stages[i].blocked for o in self._window) / n)
 
-    def _deepen_for_jitter(self, obs: Observation) -> None:
+    def _deepen_for_jitter(self, obs: Observation, idle: tuple[str, float, float] | None) -> None:
         """Deepen the slowest stage's own buffer (not a shuffle's: its size sets how random the order
         is) where that stage idled starved more than ``JITTER_LOSS`` and more than it idled blocked: to
         the depth ``jitter_elements`` gives for ``JITTER_TARGET``, at most
@@ -739,10 +738,11 @@ class PlannerPolicy:
         loss away says the stage starves for another reason, and a depth the memory cut says the memory
         cannot afford it: either way that buffer deepens no more (deepened and cut by turns, it would
         take the memory the workers' growth needs). The depth is kept as the buffer's floor in later
-        plans; the safety layer grants it only within the memory margin."""
-        if self._jitter is None or self.costs is None:
+        plans; the safety layer grants it only within the memory margin. ``idle``: the fit's window's
+        ``_slowest_idle``."""
+        if idle is None or self.costs is None:
             return
-        stage, starved, blocked = self._jitter
+        stage, starved, blocked = idle
         knob = self.knobs.get(f"{stage}.buffer_mb")
         size = self.costs.item_bytes.get(stage, 0.0)
         if (knob is None or knob.name in self._jitter_spent or starved <= JITTER_LOSS or blocked > starved
