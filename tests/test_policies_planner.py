@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from _knobs import dict_knobs, kind_of
-from intune.monitor.observation import Observation, StageObservation, cpu_slack
+from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation, StageObservation, cpu_slack
 from intune.policies import make, planner
 from intune.policies.planner import (
     GAIN,
@@ -23,7 +23,7 @@ from intune.policies.planner import (
     plan_workers,
     with_scaling,
 )
-from intune.policies.safety import PROBE_WORKER_BYTES, SafetyLayer
+from intune.policies.safety import PROBE_WORKER_BYTES, READING_MARGIN, TRIM_MARGIN, SafetyLayer
 from intune.sim import Simulator, constant_schedule, run_episode, stepped_schedule
 from intune.sim.spec import spec_from_dict
 
@@ -209,6 +209,40 @@ def test_behind_a_base_past_the_margin_the_bottleneck_takes_every_worker_that_fi
     room = safety.worker_budget(obs, values)
     assert 1.25 * 8 * MB <= room < 1.25 * 80 * MB
     assert safety.admit(obs, values, [9, 9, 1, 1], priority=[1, 0]).tolist() == [1, 1, 1, 1]
+
+
+def test_a_measured_worker_is_priced_at_its_reading_whatever_a_fit_of_the_memory_says():
+    safety, _, _ = _safety()
+    # udf's workers rose 1 -> 8 while the memory held at 1 GB (other memory fell as they came): a fit of the
+    # memory on the worker counts prices its worker near nothing; its reading says 400 MB
+    for w in (1, 2, 3, 4, 5, 6, 7, 8, 8, 8):
+        stages = [_stage("read", 0.01, worker_bytes=8 * MB), _stage("udf", 0.05, workers=w, worker_bytes=400 * MB),
+                  _stage("prefetch", 0.002)]
+        obs = _obs(stages, used=1e9, limit=10e9)
+        safety.track(obs)
+    assert safety.stage_worker_bytes(obs)[1] == pytest.approx(400 * MB * READING_MARGIN)
+    assert safety.stage_worker_bytes(obs, refined=False)[1] == pytest.approx(400 * MB * READING_MARGIN)
+
+
+def test_admit_grows_no_buffer_that_trim_would_cut_back_and_grants_the_workers_first():
+    knobs, _ = dict_knobs(SPEC)
+    safety = SafetyLayer(list(knobs.values()), (-1, 0, 1), MEMORY_SAFE_FRACTION, TRIM_MARGIN)  # as the planner's
+    stages = [_stage("read", 0.01, worker_bytes=80 * MB), _stage("udf", 0.05, worker_bytes=80 * MB), _stage("prefetch", 0.002)]
+    # 7 of 10 GB used: under the 0.85 margin, past the 0.65 at which trim cuts buffers. A deeper prefetch
+    # would be cut the next tick: it is not granted, and the workers (100 MB each) take the room
+    obs = _obs(stages, used=7e9, limit=10e9)
+    safety.track(obs)
+    out = safety.admit(obs, [1, 1, 1, 1], [1, 4, 1, 500], priority=[1]).tolist()
+    assert out == [1, 4, 1, 1]
+    assert safety.trim(obs, out).tolist() == out
+    # 6 of 10 GB: 0.5 GB to trim's 0.65 (less the empty 1 MB buffer counted full); three workers at 100 MB
+    # go first, the buffer takes what they leave
+    obs = _obs(stages, used=6e9, limit=10e9)
+    safety.track(obs)
+    out = safety.admit(obs, [1, 1, 1, 1], [1, 4, 1, 500], priority=[1]).tolist()
+    priced = 3 * 80 * MB * READING_MARGIN
+    assert out[:3] == [1, 4, 1] and out[3] == 1 + int((0.65 * 10e9 - 6e9 - MB - priced) // MB)
+    assert safety.trim(obs, out).tolist() == out
 
 
 def test_a_buffer_the_memory_cuts_is_cut_whatever_the_target():

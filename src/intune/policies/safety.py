@@ -289,9 +289,13 @@ class SafetyLayer:
         return value
 
     def stage_worker_bytes(self, obs: Observation, refined: bool = True) -> np.ndarray:
-        """Per knob, what one more worker of that knob's stage may cost: while its workers have not
-        moved, the larger of its probe (``probe_bytes``) and ``worker_memory_bytes``; after, never less
-        than ``worker_memory_bytes`` unless the stage's own levels bound it lower. (Buffer knobs: 1 MB.)
+        """Per knob, what one more worker of that knob's stage may cost: its measured memory
+        (``StageObservation.worker_bytes``) times ``READING_MARGIN`` where the stage reports one, whatever
+        a fit says: a fit of memory over worker counts that moved together can price a heavy worker far
+        below its reading, and a jump of many workers priced so is an OOM. A stage without a reading: while its workers
+        have not moved, the larger of its probe (``probe_bytes``) and ``worker_memory_bytes``; after,
+        never less than ``worker_memory_bytes`` unless the stage's own levels bound it lower. (Buffer
+        knobs: 1 MB.)
 
         One slope for every stage under-prices the expensive ones: a slope learned mostly from light
         thread workers prices heavy process workers far too low. Here each stage's slope is a least-squares fit of
@@ -303,7 +307,8 @@ class SafetyLayer:
         if refined:
             if self._stage_bytes is None or self._stage_bytes[0] is not obs:
                 out = self.stage_worker_bytes(obs, refined=False).copy()
-                out[self._cpu] = np.minimum(out[self._cpu], self._stage_level_bounds(obs))
+                bounds = np.where(self._readings(obs) > 0, np.inf, self._stage_level_bounds(obs))
+                out[self._cpu] = np.minimum(out[self._cpu], bounds)
                 out.flags.writeable = False
                 self._stage_bytes = (obs, out)
             return self._stage_bytes[1]
@@ -325,7 +330,7 @@ class SafetyLayer:
             price[moved] = np.maximum(pooled, slope + error)
         reading = self._readings(obs)
         measured = reading > 0
-        price[measured] = np.minimum(price[measured], reading[measured] * READING_MARGIN)
+        price[measured] = reading[measured] * READING_MARGIN
         out[self._cpu] = price
         out.flags.writeable = False
         self._coarse_bytes = (obs, out)
@@ -424,6 +429,14 @@ class SafetyLayer:
         if obs.memory_limit_bytes <= 0:
             return float("inf")
         return self.margin * obs.memory_limit_bytes - self.worst_case_memory(obs, values)
+
+    def buffer_budget(self, obs: Observation, values: Sequence[int]) -> float:
+        """Bytes that buffers may still grow by: up to ``trim_margin``, where ``trim`` would cut them
+        back. A buffer is the first memory cut, so growth the next tick's trim takes away is refused
+        here: granted and cut by turns, it would only take the room the workers were priced against."""
+        if obs.memory_limit_bytes <= 0:
+            return float("inf")
+        return self.trim_margin * obs.memory_limit_bytes - self.worst_case_memory(obs, values)
 
     def worker_budget(self, obs: Observation, values: Sequence[int], budget: float | None = None) -> float:
         """Bytes that added workers may take: ``memory_budget``, unless memory that no buffer cut can free
@@ -584,6 +597,7 @@ class SafetyLayer:
         deltas, zero, is_cpu = self._delta_list, self.zero, self._is_cpu_list
         budget = self.memory_budget(obs, values)
         worker_room = self.worker_budget(obs, values, budget)
+        buffer_room = min(budget, self.buffer_budget(obs, values))
         free_cpus = max(int(math.floor(obs.free_cpus + 1e-9)), 0)
         # workers each CPU knob could give up this tick: the other stages' sum is what a +d may also use
         movable = [min(int(v) - lo, self._largest_cut) if cpu else 0
@@ -605,7 +619,7 @@ class SafetyLayer:
                         if ok:
                             adds.append((k, a, step))
                     else:
-                        ok = step * float(MB) <= budget
+                        ok = step * float(MB) <= buffer_room
                 row.append(ok)
             allowed.append(row)
         if adds:  # each added worker at its own stage's price; the refined one only where the coarse one refuses
@@ -687,7 +701,8 @@ class SafetyLayer:
 
         - Buffers: cuts pass, and a buffer that cannot fit when full is cut (``trim``) whatever the
           target, though not below ``floor`` while memory is comfortable (the user's shuffle window);
-          growth fits ``memory_budget`` after the cuts.
+          growth comes after the workers', in what they leave of ``memory_budget`` and of
+          ``buffer_budget`` (what ``trim`` would not cut back the next tick).
         - Workers: cuts pass. Added workers are granted one at a time, knobs in ``priority`` order
           (indices, most wanted first; round-robin so that co-bottlenecks grow together), each priced
           at its stage's bound (``stage_worker_bytes``) against ``worker_budget``; where nothing fits,
@@ -707,25 +722,30 @@ class SafetyLayer:
             for k in mb.tolist():
                 if cut[k] < now[k] and cut[k] < out[k] and not (comfortable and floor is not None and out[k] <= floor[k]):
                     out[k] = cut[k]
-            budget = self.memory_budget(obs, np.where(self._is_cpu, now, np.minimum(out, now)).tolist())
-            for k in mb.tolist():
-                if out[k] > now[k]:
-                    grant = int(min(out[k] - now[k], max(0.0, budget) // MB))
-                    out[k] = now[k] + grant
-                    budget -= grant * MB
-        if not len(cpu):
-            return out
-        after = np.where(self._is_cpu, np.minimum(out, now), out)
-        want = {k: int(out[k] - now[k]) for k in cpu.tolist() if out[k] > now[k]}
-        out[cpu] = after[cpu]
+        grow = {k: int(out[k]) for k in mb.tolist() if out[k] > now[k]}
+        out = np.minimum(out, now)  # growth is granted below: the workers', then the buffers' in what is left
+        spent = self._admit_workers(obs, now, out, target, priority) if len(cpu) else 0.0
+        if grow:
+            budget = min(self.memory_budget(obs, out.tolist()), self.buffer_budget(obs, out.tolist())) - spent
+            for k, want in grow.items():
+                grant = int(min(want - now[k], max(0.0, budget) // MB))
+                out[k] = now[k] + grant
+                budget -= grant * MB
+        return out
+
+    def _admit_workers(self, obs: Observation, now: np.ndarray, out: np.ndarray, target: Sequence[int],
+                       priority: Sequence[int]) -> float:
+        """Grant ``admit``'s added workers into ``out``, in place; the bytes they are priced at."""
+        cpu = self._cpu
+        want = {k: int(self.knobs[k].clamp(int(target[k]))) - int(now[k]) for k in cpu.tolist()}
+        want = {k: w for k, w in want.items() if w > 0}
         if not want:
-            return out
-        room = self.worker_budget(obs, after.tolist())
-        room -= float(sum(max(0, int(out[k]) - int(now[k])) for k in mb.tolist())) * MB
+            return 0.0
+        room = self.worker_budget(obs, out.tolist())
         price = self.stage_worker_bytes(obs).tolist()
         probe = self.probe_bytes(obs).tolist()
         order = [k for k in priority if k in want] + [k for k in want if k not in priority]
-        probing = True
+        probing, spent = True, 0.0
         while any(want.values()):
             for k in order:
                 if not want.get(k):
@@ -734,11 +754,12 @@ class SafetyLayer:
                 if probing and cost > room and out[k] == now[k]:
                     cost, probing = min(cost, probe[k]), False
                 if cost > room:
-                    return out
+                    return spent
                 room -= cost
+                spent += cost
                 out[k] += 1
                 want[k] -= 1
-        return out
+        return spent
 
     # -- joint resolution ----------------------------------------------------------------------
     def select(self, scores: np.ndarray, allowed: np.ndarray, obs: Observation, values: Sequence[int] | None = None) -> np.ndarray:
