@@ -23,7 +23,13 @@ from intune.policies.planner import (
     plan_workers,
     with_scaling,
 )
-from intune.policies.safety import PROBE_WORKER_BYTES, READING_MARGIN, TRIM_MARGIN, SafetyLayer
+from intune.policies.safety import (
+    PROBE_WORKER_BYTES,
+    READING_MARGIN,
+    TRIM_MARGIN,
+    SafetyLayer,
+    start_allocation,
+)
 from intune.sim import Simulator, constant_schedule, run_episode, stepped_schedule
 from intune.sim.spec import spec_from_dict
 
@@ -243,6 +249,26 @@ def test_admit_grows_no_buffer_that_trim_would_cut_back_and_grants_the_workers_f
     priced = 3 * 80 * MB * READING_MARGIN
     assert out[:3] == [1, 4, 1] and out[3] == 1 + int((0.65 * 10e9 - 6e9 - MB - priced) // MB)
     assert safety.trim(obs, out).tolist() == out
+
+
+def test_the_start_prices_each_added_worker_at_its_stage_s_reading():
+    safety, knobs, _ = _safety()
+    # 7 of 10 GB used by three workers: the only bound before any worker moved, memory over workers, says
+    # 2.3 GB a worker, and 1.5 GB of room would take none of the even split's five. Their readings say 40 MB
+    # (50 MB priced): the even split of 8 CPUs, 3 / 3 / 2, fits
+    stages = [_stage(n, 0.01, worker_bytes=40 * MB) for n in ("read", "udf", "prefetch")]
+    obs = _obs(stages, cpus=8.0, used=7e9, limit=10e9)
+    safety.track(obs)
+    start = start_allocation(knobs, safety, obs, "even")
+    assert {n: start.get(n, 1) for n in ("read.workers", "udf.workers", "prefetch.workers")} == {
+        "read.workers": 3, "udf.workers": 3, "prefetch.workers": 2}
+    # where the readings do not fit it either, every knob's growth is scaled alike: 1.5 GB / 1.2 GB a worker
+    # (a 960 MB reading) scales the growth by 0.24: int(2 x 0.24) = int(1 x 0.24) = 0
+    stages = [_stage(n, 0.01, worker_bytes=960 * MB) for n in ("read", "udf", "prefetch")]
+    obs = _obs(stages, cpus=8.0, used=7e9, limit=10e9)
+    safety, knobs, _ = _safety()
+    safety.track(obs)
+    assert not any(n.endswith("workers") for n in start_allocation(knobs, safety, obs, "even"))
 
 
 def test_a_buffer_the_memory_cuts_is_cut_whatever_the_target():

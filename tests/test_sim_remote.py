@@ -220,12 +220,14 @@ def test_the_oracle_holds_the_fewest_and_refits_after_a_node_loss():
 # 78726f219019dbf7 before). ladder-5/oracle again when a thread waiting for the GIL stopped counting as
 # a worker that wants a CPU (its shuffle is GIL-bound; 6e2ddcb8a7504ecf before). criteo/steer,
 # criteo/network and ladder-5/oracle when a thread began to weigh the machine's thread switch share in the
-# oversubscription count (5cd45c11e009ced4, 8f6db51cd02ac1c2, 790316a0b9521592 before).
+# oversubscription count (5cd45c11e009ced4, 8f6db51cd02ac1c2, 790316a0b9521592 before). criteo/steer and
+# criteo/network when the start began pricing each added worker at its stage's reading (9c1b4ab2a3f8487f,
+# cb4c19c8f0073e99 before).
 NO_POOL_FINGERPRINTS = {
-    ("criteo", "steer"): "9c1b4ab2a3f8487f",
+    ("criteo", "steer"): "8b3f146249d6efa6",
     ("production", "heuristic"): "2cc4b5c6bbf1e074",
     ("irregular-tail", "plumber"): "f53c0b4b2a8256ba",
-    ("criteo", "network"): "cb4c19c8f0073e99",
+    ("criteo", "network"): "de84bd307c121fa4",
     ("production", "autotune"): "582e1b1b69d8a870",
     ("ladder-5", "oracle"): "5f9ebad271ca7261",
 }

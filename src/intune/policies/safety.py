@@ -893,7 +893,9 @@ def shuffle_floor(safety: SafetyLayer, obs: Observation) -> np.ndarray:
 
 def start_allocation(knobs: Mapping[str, Knob], safety: SafetyLayer, obs: Observation, warm_start: str) -> dict[str, int]:
     """Even split or Plumber's estimate, with buffers cut to fit the memory (``SafetyLayer.trim``) and
-    worker growth trimmed to the memory budget that leaves."""
+    worker growth scaled down, every knob alike, to the memory budget that leaves, each added worker
+    priced at its stage's price (``stage_worker_bytes``: its measured memory where the first tick has a
+    reading)."""
     if warm_start == "plumber":
         from intune.policies import make
 
@@ -911,10 +913,10 @@ def start_allocation(knobs: Mapping[str, Knob], safety: SafetyLayer, obs: Observ
             wanted[n] = min(int(wanted.get(n, v)), v)
     after = {n: int(wanted.get(n, v)) if knobs[n].unit == "mb" else v for n, v in values.items()}
     budget = safety.worker_budget(obs, list(after.values()))
-    per_worker = safety.worker_memory_bytes(obs)
-    growth = sum(max(0, int(v) - values[n]) for n, v in wanted.items() if knobs[n].unit == "cpu")
-    if growth and per_worker > 0 and growth * per_worker > budget:
-        scale = max(0.0, budget) / (growth * per_worker)
+    price = dict(zip((k.name for k in safety.knobs), safety.stage_worker_bytes(obs).tolist(), strict=True))
+    cost = sum(max(0, int(v) - values[n]) * price[n] for n, v in wanted.items() if knobs[n].unit == "cpu")
+    if cost > 0 and cost > budget:
+        scale = max(0.0, budget) / cost
         wanted = {
             n: (values[n] + int((int(v) - values[n]) * scale) if knobs[n].unit == "cpu" and int(v) > values[n] else int(v))
             for n, v in wanted.items()
