@@ -4,6 +4,7 @@ layer admits, a re-plan at a resize, and no change on noise alone."""
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import replace
 
 import numpy as np
@@ -780,3 +781,10 @@ def test_a_depth_the_memory_cuts_is_not_asked_for_again():
     assert cut < 64
     policy._deepen_for_jitter(_obs(stages), starved)
     assert policy._target["prefetch.buffer_mb"] == cut
+    # nor after a restart from the policy's state
+    again = make("planner")
+    again.reset(knobs, _obs(stages))
+    again.load_state_dict(pickle.loads(pickle.dumps(policy.state_dict())))
+    again.costs = policy.costs
+    again._deepen_for_jitter(_obs(stages), starved)
+    assert again._target["prefetch.buffer_mb"] <= cut

@@ -813,12 +813,16 @@ class PlannerPolicy:
 
     # -- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The plan in force and the memory estimates: a restart resumes driving to the same plan."""
+        """The plan in force and the memory estimates: a restart resumes driving to the same plan, with
+        the buffer depths its stages' jitter called for and the deepenings that ended (a depth the memory
+        cut is not asked for again after a restart either)."""
         out: dict[str, Any] = {"safety": self.safety.state_dict(), "plans": self.plans}
         if self.plan is not None:
             out["plan"] = {"workers": dict(self.plan.workers), "theta": self.plan.theta, "cpus": self.plan.cpus}
         out["target"] = dict(self._target)
         out["jitter_mb"] = dict(self._jitter_mb)
+        out["jitter_last"] = {k: [held, starved] for k, (held, starved) in self._jitter_last.items()}
+        out["jitter_spent"] = sorted(self._jitter_spent)
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -829,6 +833,9 @@ class PlannerPolicy:
             self.plan = Plan({str(k): int(v) for k, v in plan["workers"].items()}, float(plan["theta"]), float(plan["cpus"]))
         self._target.update({str(k): int(v) for k, v in state.get("target", {}).items() if k in self._target})
         self._jitter_mb = {str(k): int(v) for k, v in state.get("jitter_mb", {}).items() if k in self._target}
+        self._jitter_last = {str(k): (float(v[0]), float(v[1])) for k, v in state.get("jitter_last", {}).items()
+                             if k in self._target}
+        self._jitter_spent = {str(k) for k in state.get("jitter_spent", ()) if k in self._target}
         self._start = None
 
 
