@@ -307,8 +307,10 @@ class SafetyLayer:
         if refined:
             if self._stage_bytes is None or self._stage_bytes[0] is not obs:
                 out = self.stage_worker_bytes(obs, refined=False).copy()
-                bounds = np.where(self._readings(obs) > 0, np.inf, self._stage_level_bounds(obs))
-                out[self._cpu] = np.minimum(out[self._cpu], bounds)
+                unmeasured = self._readings(obs) <= 0  # a reading is the price as it stands
+                if unmeasured.any():
+                    bounds = np.where(unmeasured, self._stage_level_bounds(obs), np.inf)
+                    out[self._cpu] = np.minimum(out[self._cpu], bounds)
                 out.flags.writeable = False
                 self._stage_bytes = (obs, out)
             return self._stage_bytes[1]
@@ -433,7 +435,8 @@ class SafetyLayer:
     def buffer_budget(self, obs: Observation, values: Sequence[int]) -> float:
         """Bytes that buffers may still grow by: up to ``trim_margin``, where ``trim`` would cut them
         back. A buffer is the first memory cut, so growth the next tick's trim takes away is refused
-        here: granted and cut by turns, it would only take the room the workers were priced against."""
+        here: granted and cut by turns, it would only take the room the workers were priced against.
+        Never more than ``memory_budget``: ``trim_margin`` is at most the margin."""
         if obs.memory_limit_bytes <= 0:
             return float("inf")
         return self.trim_margin * obs.memory_limit_bytes - self.worst_case_memory(obs, values)
@@ -597,7 +600,7 @@ class SafetyLayer:
         deltas, zero, is_cpu = self._delta_list, self.zero, self._is_cpu_list
         budget = self.memory_budget(obs, values)
         worker_room = self.worker_budget(obs, values, budget)
-        buffer_room = min(budget, self.buffer_budget(obs, values))
+        buffer_room = self.buffer_budget(obs, values)
         free_cpus = max(int(math.floor(obs.free_cpus + 1e-9)), 0)
         # workers each CPU knob could give up this tick: the other stages' sum is what a +d may also use
         movable = [min(int(v) - lo, self._largest_cut) if cpu else 0
@@ -701,8 +704,8 @@ class SafetyLayer:
 
         - Buffers: cuts pass, and a buffer that cannot fit when full is cut (``trim``) whatever the
           target, though not below ``floor`` while memory is comfortable (the user's shuffle window);
-          growth comes after the workers', in what they leave of ``memory_budget`` and of
-          ``buffer_budget`` (what ``trim`` would not cut back the next tick).
+          growth comes after the workers', in what they leave of ``buffer_budget`` (what ``trim``
+          would not cut back the next tick).
         - Workers: cuts pass. Added workers are granted one at a time, knobs in ``priority`` order
           (indices, most wanted first; round-robin so that co-bottlenecks grow together), each priced
           at its stage's bound (``stage_worker_bytes``) against ``worker_budget``; where nothing fits,
@@ -726,7 +729,7 @@ class SafetyLayer:
         out = np.minimum(out, now)  # growth is granted below: the workers', then the buffers' in what is left
         spent = self._admit_workers(obs, now, out, target, priority) if len(cpu) else 0.0
         if grow:
-            budget = min(self.memory_budget(obs, out.tolist()), self.buffer_budget(obs, out.tolist())) - spent
+            budget = self.buffer_budget(obs, out.tolist()) - spent
             for k, want in grow.items():
                 grant = int(min(want - now[k], max(0.0, budget) // MB))
                 out[k] = now[k] + grant
