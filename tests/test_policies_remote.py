@@ -388,3 +388,22 @@ def test_a_few_busy_local_workers_beside_many_remote_ones_show_the_remote_ones_b
     assert reading(0.98, 200.0).remote_busy
     assert not reading(0.02, 200.0).remote_busy  # a local worker that rarely got a row: remote ones were free
     assert not reading(0.98, 0.0).remote_busy
+
+
+@pytest.mark.parametrize("rows_after, adds_at", [(503_000.0, None), (500_000.0, 11)])
+def test_no_remote_worker_beyond_the_need_on_a_mean_that_straddles_a_local_move(rows_after, adds_at):
+    # a demand of 512k rows/s that the local CPUs carry by the model (7.6 CPUs at 14.8 us a row: no remote
+    # worker needed), 500k delivered (short: under 0.98 x 512k = 501.76k) for 8 decisions, then the local
+    # policy adds a parser worker at tick 10: 503k meets the demand, though the mean of ticks 9 and 10
+    # (501.5k) is short. An addition beyond the need is made only on ticks of one local allocation: none
+    # here, and at tick 11 where the move did not help (500k)
+    def at(t: int) -> Observation:
+        before = t < 10
+        obs = _saturated_behind(3 if before else 4, items=500.0 if before else rows_after / 1000.0)
+        return dataclasses.replace(obs, demand=512_000.0)
+
+    knob = Knob("udf.remote_workers", "cpu", 0, 64, lambda: 0, lambda v: None)
+    sizer = RemoteSizer({"udf.remote_workers": knob})
+    sizer.reset(at(1))
+    added = [t for t in range(1, 21) if sizer.step(dataclasses.replace(at(t), tick=t))]
+    assert added[:1] == ([] if adds_at is None else [adds_at])

@@ -294,7 +294,8 @@ class RemoteSizer:
     - known demand, short of it: up to the need's estimate at once (``remote_rows_needed``); if the need
       is already covered and the shortfall lasts ``PATIENCE_TICKS`` while the local CPUs are saturated
       (or the stage is the busy bottleneck with no free CPU, or with busy local workers that use less
-      than ``WAITING_SHARE`` of a CPU each: a GIL-bound stage), the workers the gap needs: never while
+      than ``WAITING_SHARE`` of a CPU each: a GIL-bound stage), the workers the gap needs, on a mean of
+      ticks of one local allocation (a mean that straddles the local policy's move is of neither): never while
       the stage's remote workers idle (its local workers get no rows: the pipeline binds elsewhere), and
       never while the local CPUs have room the local policy leaves unused. An addition that has not
       paid (``remote_pays``) nor met the demand within ``JUDGE_TICKS`` is undone (at once if one
@@ -334,6 +335,8 @@ class RemoteSizer:
         self.expected: dict[str, int] = {n: k.value for n, k in self.knobs.items()}
         self.changed_at = 0
         self.history: deque[float] = deque(maxlen=2)
+        self.local_workers: tuple[int, ...] = ()
+        self.local_steady = 0  # ticks the local workers have not changed (the history is of one allocation from 1)
         self.trial: Trial | None = None
         self.shed_from: tuple[int, int] | None = None  # (workers before a demand shed, tick)
         self.shed_blocked_until = 0
@@ -379,6 +382,9 @@ class RemoteSizer:
             self.local_cap = {n: None for n in self.knobs}
             for gain in self.local_gain.values():
                 gain.reset()
+        local = tuple(s.workers for s in obs.stages)
+        self.local_steady = self.local_steady + 1 if local == self.local_workers else 0
+        self.local_workers = local
         running = {n: k.value for n, k in self.knobs.items()}
         if running != self.expected:  # not our change: a node lost its workers, or the runner clamped
             self.expected = running
@@ -571,7 +577,7 @@ class RemoteSizer:
                 return need
             # the local CPUs first: beyond the need, only once the local workers use them (or the stage
             # binds with none free)
-            if self.trial is None and self.short_ticks >= PATIENCE_TICKS and pressed:
+            if self.trial is None and self.short_ticks >= PATIENCE_TICKS and pressed and self.local_steady >= 1:
                 share = (reading.other_cpu_per_row + c) / c if reading.local_cpus_used >= SATURATED * obs.cpus else 1.0
                 more = max(1, math.ceil((demand - rows) * share / rho))
                 self._start("add", r, rows, more, "close_gap")
