@@ -20,6 +20,7 @@ from intune.policies.planner import (
     Measured,
     Plan,
     StageCosts,
+    elastic_costs,
     fit_costs,
     plan_workers,
     with_scaling,
@@ -668,6 +669,24 @@ def test_a_stage_with_remote_workers_takes_the_local_workers_the_others_leave():
     # local CPUs first: the UDF takes the 7 workers the others leave, its remote workers then cost less
     filled = plan_workers(costs, knobs, budget=10, extra=0, cpus=10.0, demand_items=120.0, fill={"udf"})
     assert filled.workers == {"read": 2, "udf": 7, "prefetch": 1}
+
+
+def test_a_stage_whose_remote_workers_may_grow_is_planned_one_sizing_step_ahead():
+    knobs, _ = dict_knobs(SPEC)
+    # the reader carries 95.2 elements/s a worker; the UDF one local worker (10/s, its reach) beside remote
+    # workers carrying 80/s: 90/s in all, the slowest stage
+    costs = StageCosts(("read", "udf", "prefetch"), (0.0105, 0.1, 0.001), (0.0105, 0.1, 0.001), (False,) * 3,
+                       (False,) * 3, 1.0, remote=(0.0, 80.0, 0.0))
+    reach = {"udf": 1}
+    # planned at what the UDF carries now: it binds at its reach, no other stage grows
+    held = plan_workers(costs, knobs, budget=10, extra=0, cpus=10.0, reach=reach)
+    assert held.workers == {"read": 1, "udf": 1, "prefetch": 1} and held.theta == pytest.approx(90.0)
+    # while the cluster has room the sizer adds a step of 10% of the stage's rate where the stage binds:
+    # 99/s, so the reader binds first and gets a second worker (98% of 99/s with 10% to spare needs 1.12),
+    # the UDF then binds and the sizer's step is taken
+    ahead = plan_workers(costs, knobs, budget=10, extra=0, cpus=10.0, reach=reach, elastic={"udf": 1})
+    assert ahead.workers == {"read": 2, "udf": 1, "prefetch": 1} and ahead.theta == pytest.approx(99.0)
+    assert elastic_costs(costs, {"udf": 1}).remote == pytest.approx((0.0, 89.0, 0.0))
 
 
 def test_beside_a_remote_pool_the_planner_uses_the_local_cpus_and_refits_after_a_node_loss():

@@ -58,7 +58,9 @@ workers' (``StageCosts.remote``), costing no local CPU. Such a stage then takes 
 stages leave in the budget, as many as the CPUs the others leave at the planned rate run: local CPUs
 first, the remote ones are what a job pays for, and the sizer sheds those the local workers replace.
 Those added local workers are judged as fewer workers are (kept unless they measure below): at the
-trainer's demand the rate cannot show what they save.
+trainer's demand the rate cannot show what they save. While the cluster has room, such a stage is planned
+one sizing step ahead of what it carries (``elastic_costs``): the sizer adds remote workers only where
+their stage binds, so the other stages are planned to carry that step, or neither would move.
 A stage whose remote workers carried almost every element (its local workers under
 ``LOCAL_MIN_SHARE``) keeps its last measured cost, or before any its workers.
 
@@ -81,7 +83,7 @@ import numpy as np
 from intune.knobs import Knob
 from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation
 from intune.policies.base import cpu_budget, light_worker_room
-from intune.policies.remote_sizing import with_remote_placement
+from intune.policies.remote_sizing import STEP_SHARE, with_remote_placement
 from intune.policies.safety import TRIM_MARGIN, SafetyLayer, shuffle_floor, start_allocation
 from intune.policies.stage_costs import StageProfile, jitter_elements, prefetch_elements, profile_of
 from intune.units import MB
@@ -361,12 +363,27 @@ def with_scaling(costs: StageCosts, seen: Mapping[str, Sequence[tuple[int, float
     return replace(costs, work=tuple(work), slope=tuple(slope))
 
 
+def elastic_costs(costs: StageCosts, elastic: Mapping[str, int]) -> StageCosts:
+    """``costs`` with each stage in ``elastic`` (name -> the local workers it runs) carrying one sizing step
+    more than it does now (``STEP_SHARE`` of its rate, on its remote workers): while the stage binds and
+    the cluster has room, the sizer adds the remote workers of that step, so the other stages are planned to
+    carry it, and the sizer, which adds only where the stage binds, sees it bind."""
+    if not elastic or not costs.remote:
+        return costs
+    remote = tuple(r + STEP_SHARE * costs.stage_rate(i, elastic[n]) if n in elastic else r
+                   for i, (n, r) in enumerate(zip(costs.names, costs.remote, strict=True)))
+    return replace(costs, remote=remote)
+
+
 def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extra: int, cpus: float,
                  demand_items: float = 0.0, reach: Mapping[str, int] | None = None,
-                 fill: Iterable[str] = ()) -> Plan:
+                 fill: Iterable[str] = (), elastic: Mapping[str, int] | None = None) -> Plan:
     """The fewest workers per stage within ``NEAR_BEST`` of the best rate that ``budget`` workers (and
     ``extra`` past it for waiting stages) allow (module docstring); a stage in ``fill`` (it has remote
-    workers) then takes the budget the others leave: local CPUs first, the remote ones are the cost."""
+    workers) then takes the budget the others leave: local CPUs first, the remote ones are the cost. The
+    rate is the model's with the stages in ``elastic`` (name -> the local workers it runs) a sizing step
+    ahead (``elastic_costs``)."""
+    real, costs = costs, elastic_costs(costs, elastic or {})
     ks = [knobs[f"{n}.workers"] for n in costs.names]
     lo = [k.min for k in ks]
     hi = [max(k.min, 1 if s else k.max) for k, s in zip(ks, costs.sequential, strict=True)]
@@ -400,8 +417,8 @@ def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extr
     theta = costs.rate(lean, cpus)
     for i, name in enumerate(costs.names):
         if name in fill:  # the CPUs the other stages leave at the planned rate, and the workers they run
-            room = cpus - sum(c * theta for j, c in enumerate(costs.cpu_work) if j != i)
-            per_cpu = costs.work[i] / costs.cpu_work[i] if costs.cpu_work[i] > 0 else 1.0
+            room = cpus - sum(c * theta for j, c in enumerate(real.cpu_work) if j != i)
+            per_cpu = real.work[i] / real.cpu_work[i] if real.cpu_work[i] > 0 else 1.0
             most = min(hi[i], budget - (sum(lean) - lean[i]), math.floor(max(0.0, room) * per_cpu + 1e-9))
             lean[i] = max(lean[i], most)
     return Plan.at(costs, lean, cpus)
@@ -594,8 +611,16 @@ class PlannerPolicy:
                  for n, waits in zip(costs.names, costs.waiting, strict=True)}
         fill = self._filled(obs)
         held = {n: self.knobs[f"{n}.workers"].value for n in self._unmeasured - fill}
-        plan = plan_workers(costs, self.knobs, budget - sum(held.values()), extra, float(obs.cpus), demand, reach, fill)
+        plan = plan_workers(costs, self.knobs, budget - sum(held.values()), extra, float(obs.cpus), demand, reach, fill,
+                            self._elastic(obs))
         return replace(plan, workers={**plan.workers, **held}) if held else plan
+
+    def _elastic(self, obs: Observation) -> dict[str, int]:
+        """Stages with remote workers while the cluster has room for more, with the local workers they run:
+        the sizer grows them a step at a time while they bind (``elastic_costs``)."""
+        if obs.remote_cpus <= obs.allocated_remote_cpus:
+            return {}
+        return {n: self.knobs[f"{n}.workers"].value for n in self._filled(obs)}
 
     def _resize_plan(self, obs: Observation, costs: StageCosts, before: float) -> Plan:
         """The plan at a change of CPUs: each stage moves the way the CPUs did or holds. A CPU's work per
@@ -622,18 +647,19 @@ class PlannerPolicy:
         if self._probe is not None and self._judge_probe(current, costs.names, obs.tick):
             return
         new = self._new_plan(obs, costs)
-        now = costs.rate(current, float(obs.cpus))
+        model = elastic_costs(costs, self._elastic(obs))
+        now = model.rate(current, float(obs.cpus))
         fewer = sum(new.workers.values()) < sum(current) and new.theta >= NEAR_BEST * now
         planned = tuple(new.workers[n] for n in costs.names)
         if fewer and current in self._tried:
             delivered = STAGE_MARGIN * self._tried[current].mean
-            fewer = all(costs.stage_rate(i, p) >= delivered for i, (p, c) in enumerate(zip(planned, current, strict=True)) if p < c)
+            fewer = all(model.stage_rate(i, p) >= delivered for i, (p, c) in enumerate(zip(planned, current, strict=True)) if p < c)
         if planned in self._tried and current in self._tried:
             pays = self._tried[planned].beats(self._tried[current], GAIN)
             fewer = fewer and self._tried[planned].not_below(self._tried[current])
         else:
             pays = new.theta >= (1.0 + GAIN) * now
-        in_force = Plan.at(costs, current, float(obs.cpus))
+        in_force = Plan.at(model, current, float(obs.cpus))
         self._check_down, check_down = None, self._check_down
         if self.plan is None or pays or fewer:
             self._adopt(new, obs)
