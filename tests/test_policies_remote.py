@@ -407,3 +407,37 @@ def test_no_remote_worker_beyond_the_need_on_a_mean_that_straddles_a_local_move(
     sizer.reset(at(1))
     added = [t for t in range(1, 21) if sizer.step(dataclasses.replace(at(t), tick=t))]
     assert added[:1] == ([] if adds_at is None else [adds_at])
+
+
+def test_without_a_demand_a_step_that_paid_doubles_the_next_and_one_that_did_not_starts_over():
+    # a UDF that binds on 8 saturated CPUs (5 local workers on 6 of them, 200k rows/s), each remote worker
+    # adding 20k rows/s up to 600k: steps aim at 10%, then 20%, then 40% (the most) of the rows/s while each
+    # raises them by half its aim or more; once the rows stop rising the step is undone, the next aims at 10%
+    def pipeline(r: int) -> Observation:
+        rows = min(200_000.0 + 20_000.0 * r, 600_000.0)
+        items = rows / 1000.0
+
+        def stage(name, workers, busy, cpu, **extra):
+            return StageObservation(name, workers, 0, items, rows, cpu / items, workers * busy / items, 0.0,
+                                    busy, 0.0, 0.0, 0.5, 0.0, **extra)
+
+        remote = rows / 1000.0 - 200.0
+        stages = (stage("read", 2, 0.5, 1.0), stage("udf", 5, 0.98, 6.0, remote_workers=r, remote_items_per_s=remote),
+                  stage("batch", 1, 0.3, 0.5))
+        return Observation(1, 1.0, rows, 0.0, 8.0, 1e9, 1e10, stages, remote_cpus=512.0)
+
+    running = [0]
+    knob = Knob("udf.remote_workers", "cpu", 0, 512, lambda: running[0], lambda v: None)
+    sizer = RemoteSizer({"udf.remote_workers": knob})
+    sizer.reset(pipeline(0))
+    actions, aims = [], []
+    for t in range(1, 120):
+        request = sizer.step(dataclasses.replace(pipeline(running[0]), tick=t))
+        actions.append(sizer.last_action)
+        if sizer.last_action == "add_step":
+            aims.append(sizer.trial.share)
+        running[0] = request.get("udf.remote_workers", running[0])
+    assert aims[:4] == pytest.approx([0.1, 0.2, 0.4, 0.4])
+    assert "undo_unpaid_add" in actions
+    undone = actions.index("undo_unpaid_add")
+    assert [a for a in actions[undone:] if a == "add_step"] and sizer.step_share == pytest.approx(0.1)

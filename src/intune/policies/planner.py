@@ -59,8 +59,9 @@ stages leave in the budget, as many as the CPUs the others leave at the planned 
 first, the remote ones are what a job pays for, and the sizer sheds those the local workers replace.
 Those added local workers are judged as fewer workers are (kept unless they measure below): at the
 trainer's demand the rate cannot show what they save. While the cluster has room, such a stage is planned
-one sizing step ahead of what it carries (``elastic_costs``): the sizer adds remote workers only where
-their stage binds, so the other stages are planned to carry that step, or neither would move.
+one sizing step ahead of what it carries (``elastic_costs``, the sizer's ``step_share``): the sizer adds
+remote workers only where their stage binds, so the other stages are planned to carry that step, or
+neither would move; its local workers take the CPUs the others leave at the rate before the step.
 A stage whose remote workers carried almost every element (its local workers under
 ``LOCAL_MIN_SHARE``) keeps its last measured cost, or before any its workers.
 
@@ -363,27 +364,27 @@ def with_scaling(costs: StageCosts, seen: Mapping[str, Sequence[tuple[int, float
     return replace(costs, work=tuple(work), slope=tuple(slope))
 
 
-def elastic_costs(costs: StageCosts, elastic: Mapping[str, int]) -> StageCosts:
+def elastic_costs(costs: StageCosts, elastic: Mapping[str, int], share: float = STEP_SHARE) -> StageCosts:
     """``costs`` with each stage in ``elastic`` (name -> the local workers it runs) carrying one sizing step
     more than it does now (``STEP_SHARE`` of its rate, on its remote workers): while the stage binds and
     the cluster has room, the sizer adds the remote workers of that step, so the other stages are planned to
     carry it, and the sizer, which adds only where the stage binds, sees it bind."""
     if not elastic or not costs.remote:
         return costs
-    remote = tuple(r + STEP_SHARE * costs.stage_rate(i, elastic[n]) if n in elastic else r
+    remote = tuple(r + share * costs.stage_rate(i, elastic[n]) if n in elastic else r
                    for i, (n, r) in enumerate(zip(costs.names, costs.remote, strict=True)))
     return replace(costs, remote=remote)
 
 
 def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extra: int, cpus: float,
                  demand_items: float = 0.0, reach: Mapping[str, int] | None = None,
-                 fill: Iterable[str] = (), elastic: Mapping[str, int] | None = None) -> Plan:
+                 fill: Iterable[str] = (), elastic: Mapping[str, int] | None = None, share: float = STEP_SHARE) -> Plan:
     """The fewest workers per stage within ``NEAR_BEST`` of the best rate that ``budget`` workers (and
     ``extra`` past it for waiting stages) allow (module docstring); a stage in ``fill`` (it has remote
     workers) then takes the budget the others leave: local CPUs first, the remote ones are the cost. The
     rate is the model's with the stages in ``elastic`` (name -> the local workers it runs) a sizing step
     ahead (``elastic_costs``)."""
-    real, costs = costs, elastic_costs(costs, elastic or {})
+    real, costs = costs, elastic_costs(costs, elastic or {}, share)
     ks = [knobs[f"{n}.workers"] for n in costs.names]
     lo = [k.min for k in ks]
     hi = [max(k.min, 1 if s else k.max) for k, s in zip(ks, costs.sequential, strict=True)]
@@ -417,7 +418,8 @@ def plan_workers(costs: StageCosts, knobs: Mapping[str, Knob], budget: int, extr
     theta = costs.rate(lean, cpus)
     for i, name in enumerate(costs.names):
         if name in fill:  # the CPUs the other stages leave at the planned rate, and the workers they run
-            room = cpus - sum(c * theta for j, c in enumerate(real.cpu_work) if j != i)
+            # at the rate the plan carries before the sizer's step: local CPUs go to local workers first
+            room = cpus - sum(c * min(theta, real.rate(lean, cpus)) for j, c in enumerate(real.cpu_work) if j != i)
             per_cpu = real.work[i] / real.cpu_work[i] if real.cpu_work[i] > 0 else 1.0
             most = min(hi[i], budget - (sum(lean) - lean[i]), math.floor(max(0.0, room) * per_cpu + 1e-9))
             lean[i] = max(lean[i], most)
@@ -612,8 +614,13 @@ class PlannerPolicy:
         fill = self._filled(obs)
         held = {n: self.knobs[f"{n}.workers"].value for n in self._unmeasured - fill}
         plan = plan_workers(costs, self.knobs, budget - sum(held.values()), extra, float(obs.cpus), demand, reach, fill,
-                            self._elastic(obs))
+                            self._elastic(obs), self._step_share())
         return replace(plan, workers={**plan.workers, **held}) if held else plan
+
+    def _step_share(self) -> float:
+        """The share of its rate the remote sizer's next step aims at (``remote_sizing.MAX_STEP_SHARE``)."""
+        sizer = getattr(self, "remote_sizer", None)
+        return sizer.step_share if sizer is not None else STEP_SHARE
 
     def _elastic(self, obs: Observation) -> dict[str, int]:
         """Stages with remote workers while the cluster has room for more, with the local workers they run:
@@ -647,7 +654,7 @@ class PlannerPolicy:
         if self._probe is not None and self._judge_probe(current, costs.names, obs.tick):
             return
         new = self._new_plan(obs, costs)
-        model = elastic_costs(costs, self._elastic(obs))
+        model = elastic_costs(costs, self._elastic(obs), self._step_share())
         now = model.rate(current, float(obs.cpus))
         fewer = sum(new.workers.values()) < sum(current) and new.theta >= NEAR_BEST * now
         planned = tuple(new.workers[n] for n in costs.names)

@@ -73,6 +73,12 @@ STEP_SHARE = 0.10
 """Without a known demand, a step adds the workers expected to raise the rows/s by this share: a single
 worker's gain at 64 nodes is below the noise; a tenth of the throughput is well above it."""
 
+MAX_STEP_SHARE = 0.4
+"""The most a step's share grows to: a step that raised the rows/s by at least half its aim doubles the next
+one, so a pipeline far below what the cluster can give climbs in a few steps, not tens; past two doublings a
+step outruns what the local policy re-balances the other stages for within ``JUDGE_TICKS`` (0.8 overshot the
+pool and was undone whole)."""
+
 PROBE_EVERY = 60
 """Without a known demand, settled ticks between probes that shed a step (do the workers still pay?)."""
 
@@ -307,8 +313,11 @@ class RemoteSizer:
       ``4 * PATIENCE_TICKS`` (doubled at each undone shed in a row, at most 8 times);
     - unknown demand, the local CPUs saturated or the stage the bottleneck (busy, with no free CPU, with
       waiting local workers, or with local workers whose measured gain is flat, ``LocalGain``): add a step of workers
-      expected to raise the rows/s by ``STEP_SHARE`` and keep it if it pays (``remote_pays``), else undo
-      it and wait; every ``PROBE_EVERY`` settled ticks shed a step, and restore it if it was paying.
+      expected to raise the rows/s by ``step_share`` (``STEP_SHARE`` at first, doubled after a step that
+      raised them by half its aim or more, up to ``MAX_STEP_SHARE``, and back to ``STEP_SHARE`` after one
+      that raised them by less) and keep it if it pays (``remote_pays``),
+      else undo it, wait and aim at ``STEP_SHARE`` again; every ``PROBE_EVERY`` settled ticks shed a step,
+      and restore it if it was paying.
 
     Saturated local CPUs do not count where another stage binds whose workers wait rather than compute
     (``binds_on_waiting_stage``) and whose own workers were measured flat (``LocalGain``, kept for every
@@ -348,6 +357,7 @@ class RemoteSizer:
         self.idle_ticks = 0
         self.context: tuple[float, float, float] | None = None
         self.last_action = ""
+        self.step_share = STEP_SHARE  # the share of the rows/s the next step without a known demand aims at
 
     # -- resume ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -378,6 +388,7 @@ class RemoteSizer:
         if context != self.context:  # a resize, a node loss, a new demand: what was learned may not hold
             self.context = context
             self.failures, self.blocked_until, self.shed_from = 0, 0, None
+            self.step_share = STEP_SHARE
             self.shed_failures, self.shed_blocked_until = 0, 0
             self.local_cap = {n: None for n in self.knobs}
             for gain in self.local_gain.values():
@@ -505,7 +516,9 @@ class RemoteSizer:
         return 0
 
     def _fail(self) -> None:
-        """An addition that did not pay: additions wait ``BLOCK_TICKS``, doubled at each failure in a row."""
+        """An addition that did not pay: additions wait ``BLOCK_TICKS``, doubled at each failure in a row, and
+        the next step is of ``STEP_SHARE`` again."""
+        self.step_share = STEP_SHARE
         self.failures = min(self.failures + 1, 4)
         self.blocked_until = self.tick + BLOCK_TICKS * 2 ** (self.failures - 1)
 
@@ -521,6 +534,9 @@ class RemoteSizer:
             hopeless = rho is not None and rho < REMOTE_MIN_GAIN * local
             if not hopeless and (met or remote_pays(rows - t.rows_before, t.moved, local)):
                 self.trial, self.failures = None, 0
+                if t.share > 0:  # half its aim or more: the next step twice as large; less: the first size
+                    full = rows - t.rows_before >= 0.5 * t.share * t.rows_before
+                    self.step_share = min(MAX_STEP_SHARE, 2.0 * t.share) if full else STEP_SHARE
                 return None
             if not hopeless and self.tick - t.start < JUDGE_TICKS:
                 return None
@@ -536,8 +552,8 @@ class RemoteSizer:
             return t.before
         return None
 
-    def _start(self, kind: str, r: int, rows: float, moved: int, action: str) -> None:
-        self.trial = Trial(kind, r, rows, moved, self.tick)
+    def _start(self, kind: str, r: int, rows: float, moved: int, action: str, share: float = 0.0) -> None:
+        self.trial = Trial(kind, r, rows, moved, self.tick, share)
         self.last_action = action
 
     def _need(self, demand: float, reading: RemoteReading, rho: float, c: float, cpus: float) -> int:
@@ -603,12 +619,15 @@ class RemoteSizer:
         # the rows/s one remote worker is expected to add: all of its rows behind a bottleneck of its
         # stage, the share of the CPU it frees when the local CPUs bind
         gain = rho * (c / (reading.other_cpu_per_row + c) if saturated and not bottleneck else 1.0)
-        step = max(1, math.ceil(STEP_SHARE * rows / max(gain, 1e-12)))
+        def step(share: float) -> int:
+            return max(1, math.ceil(share * rows / max(gain, 1e-12)))
+
         if busy and self.tick >= self.blocked_until and (saturated or bottleneck):
-            self._start("add", r, rows, step, "add_step")
-            return r + step
-        if r > 0 and self.tick - self.changed_at >= PROBE_EVERY:
-            moved = min(r, step)
+            more = step(self.step_share)
+            self._start("add", r, rows, more, "add_step", self.step_share)
+            return r + more
+        if r > 0 and self.tick - self.changed_at >= PROBE_EVERY:  # a probe sheds a first-size step
+            moved = min(r, step(STEP_SHARE))
             self._start("shed", r, rows, moved, "probe_shed")
             return r - moved
         return None
@@ -624,6 +643,7 @@ class Trial:
     rows_before: float
     moved: int
     start: int
+    share: float = 0.0  # the share of the rows/s a step without a known demand aimed at
 
 
 P = TypeVar("P")
