@@ -366,9 +366,9 @@ def with_scaling(costs: StageCosts, seen: Mapping[str, Sequence[tuple[int, float
 
 def elastic_costs(costs: StageCosts, elastic: Mapping[str, int], share: float = STEP_SHARE) -> StageCosts:
     """``costs`` with each stage in ``elastic`` (name -> the local workers it runs) carrying one sizing step
-    more than it does now (``STEP_SHARE`` of its rate, on its remote workers): while the stage binds and
-    the cluster has room, the sizer adds the remote workers of that step, so the other stages are planned to
-    carry it, and the sizer, which adds only where the stage binds, sees it bind."""
+    more than it does now (``share`` of its rate, on its remote workers: the sizer's next step): while the
+    stage binds and the cluster has room, the sizer adds the remote workers of that step, so the other
+    stages are planned to carry it, and the sizer, which adds only where the stage binds, sees it bind."""
     if not elastic or not costs.remote:
         return costs
     remote = tuple(r + share * costs.stage_rate(i, elastic[n]) if n in elastic else r
@@ -618,7 +618,7 @@ class PlannerPolicy:
         return replace(plan, workers={**plan.workers, **held}) if held else plan
 
     def _step_share(self) -> float:
-        """The share of its rate the remote sizer's next step aims at (``remote_sizing.MAX_STEP_SHARE``)."""
+        """The share of the rows/s the remote sizer's next step aims at (``RemoteSizer.step_share``)."""
         sizer = getattr(self, "remote_sizer", None)
         return sizer.step_share if sizer is not None else STEP_SHARE
 

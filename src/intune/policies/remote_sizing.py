@@ -345,7 +345,7 @@ class RemoteSizer:
         self.changed_at = 0
         self.history: deque[float] = deque(maxlen=2)
         self.local_workers: tuple[int, ...] = ()
-        self.local_steady = 0  # ticks the local workers have not changed (the history is of one allocation from 1)
+        self.local_steady = 0  # ticks since the local workers changed: from 1, the two-tick history is of one allocation
         self.trial: Trial | None = None
         self.shed_from: tuple[int, int] | None = None  # (workers before a demand shed, tick)
         self.shed_blocked_until = 0
@@ -619,6 +619,7 @@ class RemoteSizer:
         # the rows/s one remote worker is expected to add: all of its rows behind a bottleneck of its
         # stage, the share of the CPU it frees when the local CPUs bind
         gain = rho * (c / (reading.other_cpu_per_row + c) if saturated and not bottleneck else 1.0)
+
         def step(share: float) -> int:
             return max(1, math.ceil(share * rows / max(gain, 1e-12)))
 
