@@ -689,6 +689,22 @@ def test_a_stage_whose_remote_workers_may_grow_is_planned_one_sizing_step_ahead(
     assert elastic_costs(costs, {"udf": 1}).remote == pytest.approx((0.0, 89.0, 0.0))
 
 
+def test_a_remote_stage_planned_a_step_ahead_keeps_the_local_cpus_the_others_leave_before_the_step():
+    knobs, _ = dict_knobs(SPEC)
+    # 4 CPUs; the reader 50 elements/s a worker at 0.02 CPU-s each (reach 2: 100/s); the UDF 10/s a local
+    # worker at 0.1 CPU-s beside remote workers carrying 80/s; it runs 2 local workers (100/s), so a sizing
+    # step of 10% plans its remote rate at 90/s
+    costs = StageCosts(("read", "udf", "prefetch"), (0.02, 0.1, 0.001), (0.02, 0.1, 0.001), (False,) * 3,
+                       (False,) * 3, 1.0, remote=(0.0, 80.0, 0.0))
+    plan = plan_workers(costs, knobs, budget=12, extra=0, cpus=4.0, reach={"read": 2}, fill={"udf"},
+                        elastic={"udf": 2}, share=0.1)
+    # planned: read 2 / udf 1 / prefetch 1 carry 100/s with the step (min(100, 10 + 90)); before the
+    # step they carry min(100, 10 + 80) = 90/s, at which the reader and prefetch take 0.021 x 90 = 1.89
+    # CPUs, leaving 2.11: two local UDF workers (at 100/s they would leave 1.9: one)
+    assert plan.workers == {"read": 2, "udf": 2, "prefetch": 1}
+    assert plan.theta == pytest.approx(100.0)
+
+
 def test_beside_a_remote_pool_the_planner_uses_the_local_cpus_and_refits_after_a_node_loss():
     # 128 CPUs, a pool of 64 x 16, 4x the best local rate needed, 8 nodes lost at tick 120: the planner
     # had read its UDF's cost over the remote workers' elements too, kept 1-3 local UDF workers, and after
