@@ -92,7 +92,7 @@ from intune.units import MB
 PROFILE_TICKS = 4  # the most settled ticks at one allocation that one fit of the costs reads
 MIN_PROFILE_TICKS = 2  # the fewest: where the delivered rate is known within ``PROFILE_PRECISION``
 PROFILE_PRECISION = 0.02  # the standard error, as a share of the mean, at which a fit need not wait longer
-SETTLE_TICKS = 1  # ticks after an allocation change left out of the fit (workers start, queues refill)
+SETTLE_TICKS = 1  # ticks left out of the fit after the first tick at a new allocation, itself left out (workers start, queues refill)
 NEAR_BEST = 0.98  # allocations predicted within this share of the best rate compete on workers and memory
 GAIN = 0.05  # what a new plan must predict above the allocation in force to replace it
 DEMAND_HEADROOM = 1.1  # rate planned above a known consumer demand, for its jitter
