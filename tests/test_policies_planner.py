@@ -13,18 +13,9 @@ import pytest
 from _knobs import dict_knobs, kind_of
 from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation, StageObservation, cpu_slack
 from intune.policies import make, planner
-from intune.policies.planner import (
-    GAIN,
-    MIN_PROFILE_TICKS,
-    PROFILE_TICKS,
-    Measured,
-    Plan,
-    StageCosts,
-    elastic_costs,
-    fit_costs,
-    plan_workers,
-    with_scaling,
-)
+from intune.policies.measured_rate import Measured
+from intune.policies.planner import GAIN, MIN_PROFILE_TICKS, PROFILE_TICKS
+from intune.policies.rate_model import Plan, StageCosts, elastic_costs, fit_costs, plan_workers, with_scaling
 from intune.policies.safety import (
     PROBE_WORKER_BYTES,
     READING_MARGIN,
