@@ -148,10 +148,11 @@ def test_the_tuner_adds_no_worker_to_a_stalled_stage():
         list(it)
 
 
-def test_a_simulator_only_policy_is_refused_live():
+@pytest.mark.parametrize("policy", ["oracle", "oracle-safe"])
+def test_a_simulator_only_policy_is_refused_live(policy):
     pipe = intune.Pipeline.from_iterable(chunks())
-    with pipe, pytest.raises(ValueError, match="'oracle' runs in the simulator only"):
-        intune.tune(pipe, "oracle")
+    with pipe, pytest.raises(ValueError, match=f"'{policy}' runs in the simulator only"):
+        intune.tune(pipe, policy)
 
 
 @pytest.mark.parametrize("option", ["max_workers", "max_mb"])

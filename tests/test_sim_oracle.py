@@ -466,3 +466,33 @@ def test_the_headroom_target_leaves_a_capped_stage_and_a_tight_memory_alone():
     optimum, _ = search_optimum(sim, 64, "reward")
     assert model.worst_case_memory(sim.params, *_stage_rates(sim, optimum)[1:]) > MEMORY_SAFE_FRACTION * sim.params.limit_bytes
     assert search_optimum(sim, 64, "headroom")[0] == optimum
+
+
+def test_the_safe_oracle_holds_the_optimum_within_the_safety_layers_margins_through_resizes():
+    # held-out-20231117-34: memory binds; ``oracle-safe`` is the bound the benchmark sets beside the
+    # policies, so it must stay within the margins every policy's safety layer keeps and hold their
+    # optimum after each resize
+    from intune.policies.safety import WORKER_CEILING
+    from intune.sim.oracle import search_optimum
+
+    rng = np.random.default_rng(20231117)
+    spec = [random_workload(rng, name=f"h-{i}") for i in range(35)][34]
+    sim = Simulator(spec, cpus=paper_schedule(period_ticks=10), seed=0)
+    policy = make("oracle-safe")
+    assert policy.name == "oracle-safe"
+    worst, checked, pending = [], [], {}
+
+    def on_tick(obs, applied):
+        values = {n: k.value for n, k in sim.knobs.items()}
+        worst.append(sim.worst_case_memory(values) / sim.memory_limit_bytes)
+        if pending:  # the search made at the resize is in force a tick later
+            checked.append(({k: values[k] for k in pending}, dict(pending)))
+            pending.clear()
+        if obs.tick % 10 == 1:  # a phase's first tick: the oracle searches on this observation
+            pending.update(search_optimum(sim, int(obs.cpus), "reachable", (MEMORY_SAFE_FRACTION, WORKER_CEILING))[0])
+
+    run_episode(sim, policy, 50, seed=0, on_tick=on_tick)
+    assert max(worst) <= WORKER_CEILING
+    assert len(checked) == 5
+    for values, want in checked:
+        assert values == want

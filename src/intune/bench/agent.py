@@ -47,6 +47,7 @@ POLICIES = (
     "steer",
     "network+steer",
     "oracle",
+    "oracle-safe",
     "autotune",
     "autotune-adaptive",
     "plumber-adaptive",
@@ -351,6 +352,12 @@ def is_agent(name: str) -> bool:
     return name.startswith(("intune", "planner", "network"))
 
 
+def is_compared(name: str) -> bool:
+    """The agents, and beside them the safe oracle: its ratios to autotune and steer are the most any
+    policy held to the safety layer's memory margins can have, what the targets can ask."""
+    return is_agent(name) or name == "oracle-safe"
+
+
 def summarize(
     rows: list[dict[str, Any]], policies: Sequence[str], periods: Sequence[int]
 ) -> list[dict[str, Any]]:
@@ -394,7 +401,7 @@ def summarize(
                 "phases_within_30_share": _within(conv) / len(conv) if conv else None,
                 "ooms": int(sum(r["ooms"] for r in sel)),
             }
-            if is_agent(name):
+            if is_compared(name):
                 row.update(versus(rows, name, period))
             out.append(row)
     return out

@@ -197,7 +197,8 @@ def agent_report(
                 [
                     "Per held-out spec where autotune had no OOM: the agent's ratio / autotune's, the worst and how many",
                     "are below 0.98; and the mean of its ratio / steer's over the held-out specs, over the waiting ones and",
-                    "over the small machines' runs (- where steer did not run).",
+                    "over the small machines' runs (- where steer did not run). `oracle-safe`, the clairvoyant optimum within the",
+                    "memory margins every policy's safety layer keeps, bounds what any policy held to them can reach.",
                 ],
                 [
                     {

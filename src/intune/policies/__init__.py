@@ -1,5 +1,5 @@
 """Policies that set knob values: none, heuristic, autotune(-adaptive), plumber(-adaptive), steer, planner,
-planner+agent, network, network+steer, oracle; ``intune`` is the default (``DEFAULT_POLICY``).
+planner+agent, network, network+steer, oracle, oracle-safe; ``intune`` is the default (``DEFAULT_POLICY``).
 
 ``make(name)`` builds one by name; the classes live one per module so that each algorithm can be read
 on its own. The registry maps names to ``module:Class`` and imports lazily (the agent needs torch).
@@ -25,6 +25,7 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "network": ("intune.agent.policy", "IntunePolicy", {}),
     "network+steer": ("intune.agent.policy", "network_with_rules", {}),
     "oracle": ("intune.sim.oracle", "OraclePolicy", {}),
+    "oracle-safe": ("intune.sim.oracle", "safe_oracle", {}),
 }
 
 DEFAULT_POLICY = "planner"
@@ -33,7 +34,7 @@ measures best where users run it (docs/agent.md, "Which part earns what")."""
 _REGISTRY["intune"] = _REGISTRY[DEFAULT_POLICY]
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-SIMULATOR_ONLY: tuple[str, ...] = ("oracle",)
+SIMULATOR_ONLY: tuple[str, ...] = ("oracle", "oracle-safe")
 """Policies that read the simulated workload's true costs, which a live pipeline does not have."""
 
 

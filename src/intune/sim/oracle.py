@@ -3,7 +3,8 @@
 Owns ``optimal_allocation`` (a pure function of the model: most rows/s under a memory budget),
 ``reward_optimal_allocation`` (the oracle's objective: most rows/s times the reward's memory factor, which
 differs only where memory binds), ``search_optimum`` (that for a ``Simulator`` at its current drift) and
-``OraclePolicy`` (registry name ``"oracle"``, simulator only).
+``OraclePolicy`` (registry name ``"oracle"``, simulator only; ``safe_oracle``, ``"oracle-safe"``, the same held
+to the safety layer's memory margins).
 
 The problem. Choose integer workers ``w_i`` in ``[wmin_i, wmax_i]`` and buffer MB ``b_i`` in
 ``[bmin_i, bmax_i]`` (stages with a buffer knob) to maximise
@@ -654,3 +655,22 @@ class OraclePolicy:
 
     def step(self, observation: Observation) -> dict[str, int]:
         return {k: v for k, v in self.target(observation).items() if self._knobs[k].value != v}
+
+
+SAFE_REFRESH_TICKS = 5
+"""How often the safe oracle searches again within a phase: it follows the drift as closely as a search
+a tick would (the 80 held-out specs score the same to four digits at 1 and 5)."""
+
+
+def safe_oracle(**kwargs) -> OraclePolicy:
+    """The oracle held to the memory margins every policy's safety layer keeps (``objective="reachable"``:
+    worst-case memory under ``MEMORY_SAFE_FRACTION`` of the limit, or with every buffer at its least
+    under ``WORKER_CEILING``), searched again every ``SAFE_REFRESH_TICKS``: clairvoyant, it reads the
+    simulator's model, so no policy held to those margins scores above it. It bounds what the targets
+    can ask of a policy that never risks an OOM; ``oracle`` holds the reward's optimum instead."""
+    from intune.policies.safety import WORKER_CEILING
+
+    policy = OraclePolicy(**{"refresh_ticks": SAFE_REFRESH_TICKS, "objective": "reachable",
+                             "margins": (MEMORY_SAFE_FRACTION, WORKER_CEILING), **kwargs})
+    policy.name = "oracle-safe"
+    return policy
