@@ -18,9 +18,9 @@ gives.
 
 Buffers. The prefetch holds what the rate gap between the plan and the consumer calls for
 (``prefetch_elements``, at least ``MIN_PREFETCH_ELEMENTS`` for jitter); the shuffle buffer stays at
-the user's window (its size sets how random the order is); others hold. The slowest stage's own buffer deepens where that stage idles
-starved (``_deepen_for_jitter``): on the stage that sets the rate, waiting for input is rate lost to
-the stages' varying costs, which a deeper buffer absorbs.
+the user's window (its size sets how random the order is); others hold. The slowest stage's own buffer
+deepens where that stage idles starved (``_deepen_for_jitter``): on the stage that sets the rate,
+waiting for input is rate lost to the stages' varying costs, which a deeper buffer absorbs.
 
 Stability. A re-fitted model replaces the plan in force only where it predicts ``GAIN`` more than the
 allocation in force under the same model, or, with fewer workers, at least ``NEAR_BEST`` of it where each

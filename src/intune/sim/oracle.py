@@ -80,6 +80,7 @@ import numpy as np
 from intune.knobs import Knob
 from intune.monitor.observation import MEMORY_SAFE_FRACTION, Observation, memory_factor
 from intune.policies.remote_sizing import REMOTE_MIN_GAIN
+from intune.policies.safety import WORKER_CEILING
 from intune.sim import model
 from intune.sim.model import ModelParams
 from intune.units import MB
@@ -658,8 +659,9 @@ class OraclePolicy:
 
 
 SAFE_REFRESH_TICKS = 5
-"""How often the safe oracle searches again within a phase: it follows the drift as closely as a search
-a tick would (the 80 held-out specs score the same to four digits at 1 and 5)."""
+"""How often the safe oracle searches again within a phase: it follows the drift nearly as closely as a
+search a tick would (the 80 held-out specs: 0.9497 at 1 and at 5 at 150-tick phases, 0.9572 and 0.9571
+at 60)."""
 
 
 def safe_oracle(**kwargs) -> OraclePolicy:
@@ -668,8 +670,6 @@ def safe_oracle(**kwargs) -> OraclePolicy:
     under ``WORKER_CEILING``), searched again every ``SAFE_REFRESH_TICKS``: clairvoyant, it reads the
     simulator's model, so no policy held to those margins scores above it. It bounds what the targets
     can ask of a policy that never risks an OOM; ``oracle`` holds the reward's optimum instead."""
-    from intune.policies.safety import WORKER_CEILING
-
     policy = OraclePolicy(**{"refresh_ticks": SAFE_REFRESH_TICKS, "objective": "reachable",
                              "margins": (MEMORY_SAFE_FRACTION, WORKER_CEILING), **kwargs})
     policy.name = "oracle-safe"
